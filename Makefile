@@ -1,0 +1,39 @@
+# Two commands for a new user: `make serve` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL ?=
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: venv serve test lint proto bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first and pinned, so nothing resolves a CUDA build.
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+serve: venv
+	$(BIN)/tessera serve $(if $(MODEL),--model $(MODEL)) $(SERVE_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: venv lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+proto: venv
+	$(BIN)/python scripts/gen_proto.py
+
+bench: venv
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

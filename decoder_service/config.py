@@ -1,0 +1,75 @@
+"""The decoder's settings, built once from flags and passed down."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from tessera.config_common import add_common_flags, add_model_flags
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    model: str
+    host: str
+    port: int
+    device: str
+    dtype: str
+    max_chunk_tokens: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int | None
+    default_max_tokens: int
+    fetch_timeout_seconds: float
+    lease_ms: int
+    drain_seconds: float
+    model_fingerprint: str | None
+    log_level: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DecoderConfig:
+        config = cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
+        if config.max_chunk_tokens < 1:
+            raise SystemExit("--max-chunk-tokens must be >= 1")
+        if config.max_num_batched_tokens < config.max_chunk_tokens:
+            raise SystemExit("--max-num-batched-tokens must be >= --max-chunk-tokens")
+        return config
+
+
+def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
+    add_model_flags(parser)
+    add_common_flags(parser, default_port=50053)
+    parser.add_argument(
+        "--max-chunk-tokens", type=int, default=512, help="largest prefill chunk, in tokens"
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=8, help="most requests running at once")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="token budget of one engine step (decodes first, then prefill chunks)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt + output (default: the model's context length)",
+    )
+    parser.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=256,
+        help="max tokens of a request that names none (clamped to the context left)",
+    )
+    parser.add_argument(
+        "--fetch-timeout-seconds",
+        type=float,
+        default=60.0,
+        help="deadline of one embedding fetch or re-encode call",
+    )
+    parser.add_argument(
+        "--lease-ms",
+        type=int,
+        default=60_000,
+        help="how long encoders pin an item for a request (renewed on every fetch)",
+    )

@@ -1,0 +1,165 @@
+"""Fetching exactly the embedding rows a prefill chunk needs from the encoders.
+
+For each item a chunk overlaps, the decoder asks the item's encoders, preferred first, for
+rows `[row_start, row_end)` only. An encoder that answers NOT_FOUND (the gateway's Encode
+has not arrived yet, the item was evicted, or it is another replica) is sent the item's
+bytes to encode, and asked again; an unreachable one is skipped for the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from decoder_service.request import MediaSource
+from tessera.channels import ChannelPool
+from tessera.placeholders import ChunkSlice
+from tessera.tensor_codec import CodecError, parse_dtype
+from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
+from tessera.wire import block_from_proto, modality_to_proto
+
+log = logging.getLogger("tessera.decoder.fetch")
+
+_TRY_NEXT_REPLICA = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+}
+
+
+class FetchError(RuntimeError):
+    """No encoder could provide an item's rows."""
+
+
+@dataclass(frozen=True)
+class FetchedRows:
+    slice: ChunkSlice
+    rows: torch.Tensor  # [slice.num_rows, hidden] on CPU
+    num_bytes: int
+    reencoded: bool
+
+
+class EmbeddingClient:
+    def __init__(
+        self, channels: ChannelPool, hidden_size: int, lease_ms: int, timeout_seconds: float
+    ):
+        self.channels = channels
+        self.hidden_size = hidden_size
+        self.lease_ms = lease_ms
+        self.timeout_seconds = timeout_seconds
+
+    async def fetch_chunk(
+        self, request_id: str, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
+    ) -> list[FetchedRows]:
+        """The rows of every slice of one chunk, fetched concurrently."""
+        return list(
+            await asyncio.gather(
+                *(self.fetch_slice(request_id, items[s.item_index], s) for s in slices)
+            )
+        )
+
+    async def fetch_slice(
+        self, request_id: str, item: MediaSource, chunk_slice: ChunkSlice
+    ) -> FetchedRows:
+        errors = []
+        for address in item.encoder_addresses:
+            try:
+                return await self._fetch_from(address, request_id, item, chunk_slice)
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in _TRY_NEXT_REPLICA:
+                    raise FetchError(
+                        f"encoder {address} refused rows of item {chunk_slice.content_hash}: "
+                        f"{error.code().name}: {error.details()}"
+                    ) from None
+                log.warning("encoder %s failed (%s); trying the next", address, error.code().name)
+                errors.append(f"{address}: {error.code().name}")
+        tried = "; ".join(errors) or "no encoders given"
+        raise FetchError(f"no encoder could provide item {chunk_slice.content_hash} ({tried})")
+
+    async def _fetch_from(
+        self, address: str, request_id: str, item: MediaSource, chunk_slice: ChunkSlice
+    ) -> FetchedRows:
+        stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(address))
+        try:
+            return await self._stream_rows(stub, request_id, chunk_slice, reencoded=False)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.NOT_FOUND or not item.data:
+                raise
+        log.info("item %s not on %s; sending it to be encoded", chunk_slice.content_hash, address)
+        await stub.Encode(
+            encoder_pb2.EncodeRequest(
+                items=[
+                    common_pb2.MediaItem(
+                        modality=modality_to_proto(item.range.modality),
+                        data=item.data,
+                        content_hash=item.range.content_hash,
+                    )
+                ],
+                lease_owner=request_id,
+                lease_ms=self.lease_ms,
+            ),
+            timeout=self.timeout_seconds,
+        )
+        return await self._stream_rows(stub, request_id, chunk_slice, reencoded=True)
+
+    async def _stream_rows(
+        self,
+        stub: encoder_pb2_grpc.EncoderServiceStub,
+        request_id: str,
+        chunk_slice: ChunkSlice,
+        reencoded: bool,
+    ) -> FetchedRows:
+        request = encoder_pb2.GetEmbeddingSlicesRequest(
+            slices=[
+                encoder_pb2.RowSlice(
+                    content_hash=chunk_slice.content_hash,
+                    start=chunk_slice.row_start,
+                    end=chunk_slice.row_end,
+                )
+            ],
+            lease_owner=request_id,
+            lease_ms=self.lease_ms,
+        )
+        rows: torch.Tensor | None = None
+        next_row = chunk_slice.row_start
+        num_bytes = 0
+        async for message in stub.GetEmbeddingSlices(request, timeout=self.timeout_seconds):
+            block = self._check_message(message, chunk_slice, next_row)
+            if rows is None:
+                rows = torch.empty(
+                    chunk_slice.num_rows, self.hidden_size, dtype=parse_dtype(block.dtype)
+                )
+            part = torch.frombuffer(bytearray(block.data), dtype=rows.dtype)
+            offset = next_row - chunk_slice.row_start
+            rows[offset : offset + block.num_rows] = part.view(block.num_rows, self.hidden_size)
+            next_row += block.num_rows
+            num_bytes += len(block.data)
+        if rows is None or next_row != chunk_slice.row_end:
+            raise FetchError(
+                f"encoder sent rows [{chunk_slice.row_start}, {next_row}) of item "
+                f"{chunk_slice.content_hash}, expected up to {chunk_slice.row_end}"
+            )
+        return FetchedRows(chunk_slice, rows, num_bytes, reencoded)
+
+    def _check_message(self, message, chunk_slice: ChunkSlice, next_row: int):
+        try:
+            block = block_from_proto(message.rows)
+        except CodecError as error:
+            raise FetchError(f"malformed embedding slice: {error}") from None
+        if message.content_hash != chunk_slice.content_hash or message.start != next_row:
+            raise FetchError(
+                f"encoder sent rows of {message.content_hash} from {message.start}, "
+                f"expected {chunk_slice.content_hash} from {next_row}"
+            )
+        if block.hidden_size != self.hidden_size or next_row + block.num_rows > chunk_slice.row_end:
+            raise FetchError(
+                f"encoder sent a [{block.num_rows}, {block.hidden_size}] block at row {next_row}; "
+                f"expected hidden size {self.hidden_size} and rows below {chunk_slice.row_end}"
+            )
+        return block

@@ -1,0 +1,142 @@
+"""A decode request as the engine tracks it: plain data, no tensors but its KV cache."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from tessera.placeholders import PlaceholderRange
+
+
+@dataclass(frozen=True)
+class MediaSource:
+    """An item's range and where its rows live (with its bytes, to have it re-encoded)."""
+
+    range: PlaceholderRange
+    encoder_addresses: tuple[str, ...]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    num_top_logprobs: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """What a client asked for, validated."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    items: tuple[MediaSource, ...]
+    sampling: SamplingOptions
+    max_chunk_tokens: int
+
+    @property
+    def ranges(self) -> list[PlaceholderRange]:
+        return [item.range for item in self.items]
+
+
+class FinishReason(Enum):
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass
+class ChunkRecord:
+    start: int
+    end: int
+    num_embedding_rows: int
+    num_embedding_bytes: int
+
+
+@dataclass
+class RequestStats:
+    chunks: list[ChunkRecord] = field(default_factory=list)
+    num_reencoded_items: int = 0
+    fetch_wait_seconds: float = 0.0
+    time_to_first_token_seconds: float | None = None
+
+    @property
+    def num_embedding_bytes(self) -> int:
+        return sum(chunk.num_embedding_bytes for chunk in self.chunks)
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: FinishReason
+    num_prompt_tokens: int
+    num_output_tokens: int
+    stats: RequestStats
+
+
+# What the engine sends to a request's stream: tokens, then Finished or an exception.
+Event = SampledToken | Finished | BaseException
+
+
+@dataclass
+class RequestState:
+    spec: DecodeSpec
+    events: asyncio.Queue[Event]
+    generator: Any  # torch.Generator, made by the engine on its device
+    arrival_time: float = field(default_factory=time.monotonic)
+    num_computed_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    kv_cache: Any = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    # (start, end) of a prefill chunk -> task fetching its embedding rows
+    prefetches: dict[tuple[int, int], asyncio.Task[Any]] = field(default_factory=dict)
+    finished: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.spec.prompt_token_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def next_chunk(self, start: int) -> tuple[int, int] | None:
+        """The prefill chunk that starts at `start`, or None past the prompt."""
+        if start >= self.num_prompt_tokens:
+            return None
+        return start, min(start + self.spec.max_chunk_tokens, self.num_prompt_tokens)
+
+    def token_at(self, position: int) -> int:
+        prompt = self.spec.prompt_token_ids
+        return (
+            prompt[position]
+            if position < len(prompt)
+            else self.output_token_ids[position - len(prompt)]
+        )

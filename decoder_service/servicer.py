@@ -1,0 +1,91 @@
+"""gRPC face of the decoder: proto <-> domain objects, exceptions -> status codes."""
+
+from __future__ import annotations
+
+import grpc
+
+from decoder_service.config import DecoderConfig
+from decoder_service.embedding_client import FetchError
+from decoder_service.engine import Engine
+from decoder_service.request import Finished, FinishReason, RequestStats, SampledToken
+from decoder_service.spec import spec_from_proto
+from tessera.server import abort_unless_ready
+from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
+
+_FINISH_REASON_TO_PROTO = {
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+}
+
+
+class DecoderServicer(decoder_pb2_grpc.DecoderServiceServicer):
+    def __init__(self, config: DecoderConfig):
+        self.config = config
+        self.engine: Engine | None = None  # set once the model is loaded
+
+    async def Generate(self, request, context):
+        await abort_unless_ready(context, self.engine is not None)
+        engine = self.engine
+        try:
+            spec = spec_from_proto(
+                request,
+                engine.family,
+                engine.max_model_len,
+                self.config.max_chunk_tokens,
+                self.config.default_max_tokens,
+            )
+        except ValueError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        try:
+            async for event in engine.generate(spec):
+                if isinstance(event, SampledToken):
+                    yield decoder_pb2.DecodeResponse(tokens=token_batch_to_proto([event]))
+                elif isinstance(event, Finished):
+                    yield decoder_pb2.DecodeResponse(finished=finished_to_proto(event))
+        except FetchError as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        except ValueError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+
+def token_batch_to_proto(tokens: list[SampledToken]) -> decoder_pb2.TokenBatch:
+    return decoder_pb2.TokenBatch(
+        token_ids=[t.token_id for t in tokens],
+        logprobs=[
+            common_pb2.TokenLogprobs(
+                token_id=t.token_id,
+                logprob=t.logprob,
+                top=[common_pb2.TopLogprob(token_id=x.token_id, logprob=x.logprob) for x in t.top],
+            )
+            for t in tokens
+            if t.top
+        ],
+    )
+
+
+def stats_to_proto(stats: RequestStats) -> decoder_pb2.DecodeStats:
+    return decoder_pb2.DecodeStats(
+        chunks=[
+            decoder_pb2.PrefillChunkStats(
+                start=c.start,
+                end=c.end,
+                num_embedding_rows=c.num_embedding_rows,
+                num_embedding_bytes=c.num_embedding_bytes,
+            )
+            for c in stats.chunks
+        ],
+        num_embedding_bytes=stats.num_embedding_bytes,
+        num_reencoded_items=stats.num_reencoded_items,
+        fetch_wait_ms=stats.fetch_wait_seconds * 1000,
+        time_to_first_token_ms=(stats.time_to_first_token_seconds or 0) * 1000,
+    )
+
+
+def finished_to_proto(event: Finished) -> decoder_pb2.DecodeFinished:
+    return decoder_pb2.DecodeFinished(
+        finish_reason=_FINISH_REASON_TO_PROTO[event.reason],
+        usage=common_pb2.Usage(
+            prompt_tokens=event.num_prompt_tokens, completion_tokens=event.num_output_tokens
+        ),
+        stats=stats_to_proto(event.stats),
+    )

@@ -1,0 +1,82 @@
+"""Checking a DecodeRequest and turning it into a DecodeSpec; every problem is a
+ValueError whose message says what to fix."""
+
+from __future__ import annotations
+
+from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
+from decoder_service.sampler import MAX_TOP_LOGPROBS
+from tessera.adapters import ModelFamily
+from tessera.hashing import is_content_hash
+from tessera.placeholders import validate_ranges
+from tessera.v1 import common_pb2, decoder_pb2
+from tessera.wire import range_from_proto
+
+
+def sampling_from_proto(
+    message: common_pb2.SamplingParams, default_max_tokens: int, max_new_tokens: int
+) -> SamplingOptions:
+    """`max_new_tokens` is what the context leaves after the prompt."""
+    if message.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {message.temperature}")
+    if not 0 <= message.top_p <= 1:
+        raise ValueError(f"top_p must be in [0, 1], got {message.top_p}")
+    if message.num_top_logprobs > MAX_TOP_LOGPROBS:
+        raise ValueError(f"num_top_logprobs must be <= {MAX_TOP_LOGPROBS}")
+    if message.max_tokens > max_new_tokens:
+        raise ValueError(
+            f"max_tokens {message.max_tokens} exceeds what the context leaves after the "
+            f"prompt ({max_new_tokens}); lower max_tokens or shorten the prompt"
+        )
+    return SamplingOptions(
+        max_tokens=message.max_tokens or min(default_max_tokens, max_new_tokens),
+        temperature=message.temperature,
+        top_p=message.top_p or 1.0,
+        top_k=message.top_k,
+        seed=message.seed if message.HasField("seed") else None,
+        stop_token_ids=frozenset(message.stop_token_ids),
+        ignore_eos=message.ignore_eos,
+        num_top_logprobs=message.num_top_logprobs,
+    )
+
+
+def spec_from_proto(
+    message: decoder_pb2.DecodeRequest,
+    family: ModelFamily,
+    max_model_len: int,
+    max_chunk_tokens: int,
+    default_max_tokens: int,
+) -> DecodeSpec:
+    if not message.request_id:
+        raise ValueError("request_id is empty; give every request an id")
+    prompt = tuple(message.prompt_token_ids)
+    if not prompt:
+        raise ValueError("prompt_token_ids is empty")
+    if len(prompt) >= max_model_len:
+        raise ValueError(
+            f"the prompt has {len(prompt)} tokens; this model's context is {max_model_len} "
+            "(including at least one generated token): shorten it or send fewer images"
+        )
+    too_large = [t for t in prompt if t >= family.vocab_size]
+    if too_large:
+        raise ValueError(
+            f"token id {too_large[0]} is outside the vocabulary (size {family.vocab_size})"
+        )
+    items = []
+    for index, item in enumerate(message.items):
+        placeholder = range_from_proto(item.range)
+        if not is_content_hash(placeholder.content_hash):
+            raise ValueError(f"item {index}: {placeholder.content_hash!r} is not a content hash")
+        if not item.encoder_addresses:
+            raise ValueError(f"item {index}: no encoder address to fetch its rows from")
+        items.append(MediaSource(placeholder, tuple(item.encoder_addresses), item.data))
+    validate_ranges([i.range for i in items], prompt, family.placeholder_token_ids)
+    chunk = message.max_chunk_tokens
+    return DecodeSpec(
+        request_id=message.request_id,
+        prompt_token_ids=prompt,
+        items=tuple(items),
+        sampling=sampling_from_proto(
+            message.sampling, default_max_tokens, max_model_len - len(prompt)
+        ),
+        max_chunk_tokens=min(chunk, max_chunk_tokens) if chunk else max_chunk_tokens,
+    )

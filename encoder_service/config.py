@@ -1,0 +1,62 @@
+"""The encoder's settings, built once from flags (and environment defaults) and passed down."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from tessera.config_common import add_common_flags, add_model_flags, env_default
+from tessera.media import DEFAULT_MAX_IMAGE_PIXELS
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    model: str
+    host: str
+    port: int
+    device: str
+    dtype: str
+    cache_bytes: int
+    default_lease_ms: int
+    max_batch_items: int
+    max_image_pixels: int
+    slice_message_bytes: int
+    drain_seconds: float
+    model_fingerprint: str | None
+    log_level: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EncoderConfig:
+        return cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
+
+
+def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
+    add_model_flags(parser)
+    add_common_flags(parser, default_port=50052)
+    parser.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=env_default("TESSERA_ENCODER_CACHE_BYTES", 2 << 30, int),
+        help="memory cache budget in bytes (leased entries may exceed it briefly)",
+    )
+    parser.add_argument(
+        "--default-lease-ms",
+        type=int,
+        default=60_000,
+        help="how long an Encode pins its items when the caller names no lease length",
+    )
+    parser.add_argument(
+        "--max-batch-items", type=int, default=16, help="most items in one encoder forward"
+    )
+    parser.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="larger images are refused from their header",
+    )
+    parser.add_argument(
+        "--slice-message-bytes",
+        type=int,
+        default=1 << 20,
+        help="target size of each streamed slice message",
+    )

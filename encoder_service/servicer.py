@@ -1,0 +1,106 @@
+"""gRPC face of the encoder: proto <-> domain objects, exceptions -> status codes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from encoder_service.encoder import (
+    EncodeItem,
+    EncoderCore,
+    InvalidItemError,
+    RowRequest,
+    Source,
+    UnknownItemError,
+)
+from encoder_service.memory_store import Lease
+from tessera.server import abort_unless_ready
+from tessera.v1 import encoder_pb2, encoder_pb2_grpc
+from tessera.wire import block_to_proto, modality_from_proto
+
+_SOURCE_TO_PROTO = {
+    Source.COMPUTED: encoder_pb2.ENCODE_SOURCE_COMPUTED,
+    Source.MEMORY: encoder_pb2.ENCODE_SOURCE_MEMORY,
+    Source.JOINED: encoder_pb2.ENCODE_SOURCE_JOINED,
+}
+
+
+class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
+    def __init__(self, default_lease_ms: int, slice_message_bytes: int):
+        self.core: EncoderCore | None = None  # set once the model is loaded
+        self.default_lease_ms = default_lease_ms
+        self.slice_message_bytes = slice_message_bytes
+
+    def _lease(self, owner: str, lease_ms: int) -> Lease | None:
+        return Lease(owner, (lease_ms or self.default_lease_ms) / 1000) if owner else None
+
+    async def Encode(self, request, context):
+        await abort_unless_ready(context, self.core is not None)
+        try:
+            items = [
+                EncodeItem(item.content_hash, modality_from_proto(item.modality), item.data)
+                for item in request.items
+            ]
+            results = await self.core.encode(
+                items, self._lease(request.lease_owner, request.lease_ms)
+            )
+        except (InvalidItemError, ValueError) as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        return encoder_pb2.EncodeResponse(
+            items=[
+                encoder_pb2.EncodedItem(
+                    content_hash=result.content_hash,
+                    num_rows=result.block.num_rows,
+                    hidden_size=result.block.hidden_size,
+                    dtype=result.block.dtype,
+                    source=_SOURCE_TO_PROTO[result.source],
+                )
+                for result in results
+            ]
+        )
+
+    async def GetEmbeddingSlices(
+        self, request, context
+    ) -> AsyncIterator[encoder_pb2.EmbeddingSlice]:
+        await abort_unless_ready(context, self.core is not None)
+        requests = [RowRequest(s.content_hash, s.start, s.end) for s in request.slices]
+        try:
+            blocks = await self.core.resolve_slices(
+                requests, self._lease(request.lease_owner, request.lease_ms)
+            )
+        except UnknownItemError as error:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
+        except ValueError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        for row_request, block in zip(requests, blocks, strict=True):
+            rows_per_message = max(1, self.slice_message_bytes // block.row_bytes)
+            for first in range(0, block.num_rows, rows_per_message):
+                part = block.rows(first, min(first + rows_per_message, block.num_rows))
+                self.core.counters.num_bytes_served += len(part.data)
+                yield encoder_pb2.EmbeddingSlice(
+                    content_hash=row_request.content_hash,
+                    start=row_request.start + first,
+                    rows=block_to_proto(part),
+                )
+
+    async def ReleaseLeases(self, request, context):
+        await abort_unless_ready(context, self.core is not None)
+        released = self.core.release(request.lease_owner, list(request.content_hashes) or None)
+        return encoder_pb2.ReleaseLeasesResponse(num_released=released)
+
+    async def GetStats(self, request, context):
+        await abort_unless_ready(context, self.core is not None)
+        counters, store = self.core.counters, self.core.store
+        return encoder_pb2.EncoderStats(
+            num_items_requested=counters.num_items_requested,
+            num_items_computed=counters.num_items_computed,
+            num_memory_hits=counters.num_memory_hits,
+            num_joined_in_flight=counters.num_joined_in_flight,
+            num_slice_misses=counters.num_slice_misses,
+            num_bytes_served=counters.num_bytes_served,
+            num_evictions=store.stats.num_evictions,
+            num_cached_items=len(store),
+            num_cached_bytes=store.num_bytes,
+            num_batches=counters.num_batches,
+        )

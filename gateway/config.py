@@ -1,0 +1,69 @@
+"""The gateway's settings, built once from flags and passed down."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from tessera.config_common import add_common_flags, add_model_flags, env_default
+from tessera.media import DEFAULT_MAX_IMAGE_PIXELS
+
+
+def _address_list(value: str) -> tuple[str, ...]:
+    addresses = tuple(a.strip() for a in value.split(",") if a.strip())
+    if not addresses:
+        raise argparse.ArgumentTypeError("give at least one host:port")
+    return addresses
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    model: str
+    host: str
+    port: int
+    encoders: tuple[str, ...]
+    decoders: tuple[str, ...]
+    max_image_pixels: int
+    max_items_per_prompt: int
+    lease_ms: int
+    drain_seconds: float
+    model_fingerprint: str | None
+    log_level: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
+        return cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
+
+
+def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
+    add_model_flags(parser)
+    add_common_flags(parser, default_port=50051)
+    parser.add_argument(
+        "--encoders",
+        type=_address_list,
+        default=env_default("TESSERA_ENCODERS", None, _address_list),
+        required=env_default("TESSERA_ENCODERS", None) is None,
+        help="encoder addresses host:port[,host:port...] (env TESSERA_ENCODERS)",
+    )
+    parser.add_argument(
+        "--decoders",
+        type=_address_list,
+        default=env_default("TESSERA_DECODERS", None, _address_list),
+        required=env_default("TESSERA_DECODERS", None) is None,
+        help="decoder addresses host:port[,host:port...] (env TESSERA_DECODERS)",
+    )
+    parser.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="larger images are refused from their header, before decoding",
+    )
+    parser.add_argument(
+        "--max-items-per-prompt", type=int, default=16, help="most media items in one request"
+    )
+    parser.add_argument(
+        "--lease-ms",
+        type=int,
+        default=60_000,
+        help="how long encoders pin a request's items before the decoder releases them",
+    )

@@ -1,0 +1,187 @@
+"""One chat request through the system: build the prompt, send its items to encoders and
+the prompt to a decoder at the same time, turn tokens into text."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
+from gateway.router import DecoderRouter, rendezvous_order
+from tessera.channels import ChannelPool
+from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
+from tessera.wire import modality_to_proto, range_to_proto
+
+log = logging.getLogger("tessera.gateway")
+
+_CACHED_SOURCES = (encoder_pb2.ENCODE_SOURCE_MEMORY, encoder_pb2.ENCODE_SOURCE_JOINED)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    messages: Sequence[ChatInput]
+    sampling: common_pb2.SamplingParams
+    max_chunk_tokens: int
+    timeout_seconds: float | None
+
+
+@dataclass(frozen=True)
+class TextEvent:
+    text: str
+    tokens: decoder_pb2.TokenBatch
+
+
+@dataclass(frozen=True)
+class FinishedEvent:
+    prompt: Prompt
+    decoder: decoder_pb2.DecodeFinished
+    token_ids: list[int]
+    time_to_first_token_seconds: float
+    num_items_computed: int
+    num_items_cached: int
+
+
+class DownstreamError(Exception):
+    """A backend failed; carries the status to give the client."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class GenerationPipeline:
+    def __init__(
+        self,
+        builder: PromptBuilder,
+        encoders: Sequence[str],
+        decoders: DecoderRouter,
+        channels: ChannelPool,
+        lease_ms: int,
+    ):
+        self.builder = builder
+        self.encoders = list(encoders)
+        self.decoders = decoders
+        self.channels = channels
+        self.lease_ms = lease_ms
+
+    @staticmethod
+    def new_request_id() -> str:
+        return uuid.uuid4().hex
+
+    async def run(self, request: GenerationRequest) -> AsyncIterator[TextEvent | FinishedEvent]:
+        started = time.monotonic()
+        prompt = await asyncio.to_thread(self.builder.build, request.messages)
+        encode_task = asyncio.create_task(self._encode_all(request.request_id, prompt.items))
+        decoder_address = self.decoders.acquire()
+        detokenizer = IncrementalDetokenizer(self.builder.family.decode_tokens)
+        token_ids: list[int] = []
+        first_token_time: float | None = None
+        try:
+            call = decoder_pb2_grpc.DecoderServiceStub(self.channels.get(decoder_address)).Generate(
+                self._decode_request(request, prompt), timeout=request.timeout_seconds
+            )
+            async for message in self._decoder_stream(call, encode_task):
+                if message.HasField("tokens"):
+                    first_token_time = first_token_time or time.monotonic()
+                    token_ids += message.tokens.token_ids
+                    yield TextEvent(detokenizer.add(message.tokens.token_ids), message.tokens)
+                else:
+                    tail = detokenizer.flush()
+                    if tail:
+                        yield TextEvent(tail, decoder_pb2.TokenBatch())
+                    computed, cached = await self._encode_outcome(encode_task)
+                    yield FinishedEvent(
+                        prompt,
+                        message.finished,
+                        token_ids,
+                        (first_token_time or time.monotonic()) - started,
+                        computed,
+                        cached,
+                    )
+        finally:
+            self.decoders.release(decoder_address)
+            # Encoding goes on (the cache keeps the result); its error is not news then.
+            encode_task.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def _decoder_stream(self, call, encode_task: asyncio.Task) -> AsyncIterator:
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as error:
+            # A bad item makes both the encoder and the decoder fail; the encoder's error
+            # says what is wrong with the input.
+            if encode_task.done() and isinstance(encode_task.exception(), DownstreamError):
+                raise encode_task.exception() from None
+            raise DownstreamError(error.code(), f"decoder: {error.details()}") from None
+        finally:
+            call.cancel()
+
+    def _decode_request(
+        self, request: GenerationRequest, prompt: Prompt
+    ) -> decoder_pb2.DecodeRequest:
+        return decoder_pb2.DecodeRequest(
+            request_id=request.request_id,
+            prompt_token_ids=prompt.token_ids,
+            items=[
+                decoder_pb2.MediaSource(
+                    range=range_to_proto(item.range),
+                    encoder_addresses=rendezvous_order(item.range.content_hash, self.encoders),
+                    data=item.data,
+                )
+                for item in prompt.items
+            ],
+            sampling=request.sampling,
+            max_chunk_tokens=request.max_chunk_tokens,
+        )
+
+    async def _encode_all(self, request_id: str, items: Sequence[PromptItem]) -> list:
+        """One Encode per encoder over its unique items; returns the EncodedItem messages."""
+        by_encoder: dict[str, dict[str, PromptItem]] = {}
+        for item in items:
+            address = rendezvous_order(item.range.content_hash, self.encoders)[0]
+            by_encoder.setdefault(address, {})[item.range.content_hash] = item
+        calls = [
+            self._encode_on(address, request_id, list(unique.values()))
+            for address, unique in by_encoder.items()
+        ]
+        results = await asyncio.gather(*calls)
+        return [encoded for response in results for encoded in response.items]
+
+    async def _encode_on(self, address: str, request_id: str, items: list[PromptItem]):
+        stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(address))
+        request = encoder_pb2.EncodeRequest(
+            items=[
+                common_pb2.MediaItem(
+                    modality=modality_to_proto(item.range.modality),
+                    data=item.data,
+                    content_hash=item.range.content_hash,
+                )
+                for item in items
+            ],
+            lease_owner=request_id,
+            lease_ms=self.lease_ms,
+        )
+        try:
+            return await stub.Encode(request)
+        except grpc.aio.AioRpcError as error:
+            raise DownstreamError(error.code(), f"encoder {address}: {error.details()}") from None
+
+    async def _encode_outcome(self, encode_task: asyncio.Task) -> tuple[int, int]:
+        """(computed, cached) unique items. The decoder finished, so every item was
+        encoded somewhere: a failed Encode here only means the decoder had it re-encoded."""
+        try:
+            encoded = await encode_task
+        except DownstreamError as error:
+            log.warning("Encode failed but the decoder recovered: %s", error)
+            return 0, 0
+        computed = sum(e.source == encoder_pb2.ENCODE_SOURCE_COMPUTED for e in encoded)
+        cached = sum(e.source in _CACHED_SOURCES for e in encoded)
+        return computed, cached

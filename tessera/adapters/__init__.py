@@ -1,0 +1,33 @@
+"""Model families, chosen by `config.architectures` from one registry."""
+
+from __future__ import annotations
+
+from tessera.adapters.base import LoadOptions, ModelFamily, ModelPart
+from tessera.model_files import read_architecture, resolve_model_dir
+
+_REGISTRY: dict[str, str] = {
+    "LlavaForConditionalGeneration": "tessera.adapters.llava:LlavaFamily",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def load_family(model: str, options: LoadOptions, fingerprint: str | None = None) -> ModelFamily:
+    """Loads the parts `options.parts` of checkpoint `model` (a directory or hub id)."""
+    import importlib
+
+    model_dir = resolve_model_dir(model)
+    architecture = read_architecture(model_dir)
+    if architecture not in _REGISTRY:
+        raise ValueError(
+            f"{model}: architecture {architecture} is not supported; "
+            f"supported: {', '.join(supported_architectures())}"
+        )
+    module_name, class_name = _REGISTRY[architecture].split(":")
+    family_class = getattr(importlib.import_module(module_name), class_name)
+    return family_class(model_dir, options, fingerprint=fingerprint)
+
+
+__all__ = ["LoadOptions", "ModelFamily", "ModelPart", "load_family", "supported_architectures"]

@@ -1,0 +1,149 @@
+"""The `tessera` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tessera import __version__
+from tessera.config_common import env_default
+
+
+def default_demo_dir() -> Path:
+    home = env_default("TESSERA_HOME", str(Path.home() / ".cache" / "tessera"))
+    return Path(home) / "demo-tiny"
+
+
+def ensure_demo_model(directory: Path) -> Path:
+    if (directory / "config.json").exists():
+        return directory
+    from tessera.demo_model import make_demo_model
+
+    print(f"making the demo model in {directory} (first run only)", flush=True)
+    return make_demo_model(
+        directory, seed=0, size="tiny", progress=lambda line: print(f"  {line}", flush=True)
+    )
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
+    from decoder_service.main import build_parser as decoder_parser
+    from encoder_service.main import build_parser as encoder_parser
+    from gateway.main import build_parser as gateway_parser
+    from tessera.launcher import route_flags, serve_all
+
+    routed = route_flags(
+        extra,
+        {"encoder": encoder_parser(), "decoder": decoder_parser(), "gateway": gateway_parser()},
+    )
+    if args.max_chunk_tokens is not None:
+        routed["decoder"] += ["--max-chunk-tokens", str(args.max_chunk_tokens)]
+    model = args.model or str(ensure_demo_model(default_demo_dir()))
+    serve_all(model, args.host, args.port, routed, args.ready_timeout)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from tessera.client import Client, Message
+    from tessera.v1 import common_pb2
+
+    parts: list[str | bytes] = [Path(p).read_bytes() for p in args.image]
+    parts.append(args.prompt)
+    sampling = common_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    if args.seed is not None:
+        sampling.seed = args.seed
+    with Client(args.server) as client:
+        if not args.json:
+            for response in client.stream([Message("user", parts)], sampling):
+                if response.HasField("delta"):
+                    print(response.delta.text, end="", flush=True)
+            print()
+            return
+        completion = client.complete([Message("user", parts)], sampling)
+    from google.protobuf.json_format import MessageToDict
+
+    print(
+        json.dumps(
+            {
+                "text": completion.text,
+                "token_ids": completion.token_ids,
+                "prompt_token_ids": completion.prompt_token_ids,
+                "finish_reason": completion.finish_reason,
+                "usage": completion.usage,
+                "stats": MessageToDict(completion.stats, preserving_proto_field_name=True),
+            }
+        )
+    )
+
+
+def cmd_make_demo_model(args: argparse.Namespace) -> None:
+    from tessera.demo_model import make_demo_model
+
+    make_demo_model(Path(args.dir), seed=args.seed, size=args.size, progress=print)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from decoder_service.main import build_parser as decoder_parser
+    from encoder_service.main import build_parser as encoder_parser
+    from gateway.main import build_parser as gateway_parser
+
+    parser = argparse.ArgumentParser(prog="tessera", description="Tessera multimodal LLM serving")
+    parser.add_argument("--version", action="version", version=f"tessera {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, build, text in [
+        ("encoder", encoder_parser, "run one encoder replica"),
+        ("decoder", decoder_parser, "run one decoder replica"),
+        ("gateway", gateway_parser, "run the gateway"),
+    ]:
+        build(commands.add_parser(name, help=text, description=text))
+
+    serve = commands.add_parser(
+        "serve",
+        help="run gateway, encoder and decoder on localhost",
+        description="Runs the whole system; any other service flag is passed to the "
+        "services that take it (e.g. --cache-bytes, --max-num-seqs, --device).",
+    )
+    serve.add_argument("--model", default=None, help="checkpoint dir or hub id (default: demo)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=50051, help="the gateway's gRPC port")
+    serve.add_argument("--max-chunk-tokens", type=int, default=None)
+    serve.add_argument("--ready-timeout", type=float, default=600.0)
+
+    generate = commands.add_parser("generate", help="send one request to a gateway")
+    generate.add_argument("prompt")
+    generate.add_argument("--server", default="127.0.0.1:50051")
+    generate.add_argument("--image", action="append", default=[], help="image file (repeatable)")
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--json", action="store_true", help="print one JSON object")
+
+    demo = commands.add_parser("make-demo-model", help="write a tiny random-weight LLaVA")
+    demo.add_argument("dir")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--size", choices=["tiny", "bench"], default="tiny")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "encoder":
+        from encoder_service.main import main as run
+    elif args.command == "decoder":
+        from decoder_service.main import main as run
+    elif args.command == "gateway":
+        from gateway.main import main as run
+    elif args.command == "serve":
+        return cmd_serve(args, extra)
+    elif args.command == "generate":
+        return cmd_generate(args)
+    else:
+        return cmd_make_demo_model(args)
+    run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Placeholder ranges and the one place where chunk/item overlap math lives.
+
+A media item occupies prompt positions `[offset, offset + length)`; row `r` of its
+embedding goes to position `offset + r`. A prefill chunk `[start, end)` needs exactly the
+rows of each item that fall inside the chunk:
+
+    rows [max(start, offset) - offset, min(end, offset + length) - offset)
+
+Example: an item at offset 5 with 16 rows, prompt chunked by 8:
+
+    chunk [0, 8)   -> rows [0, 3)   at positions [5, 8)
+    chunk [8, 16)  -> rows [3, 11)  at positions [8, 16)
+    chunk [16, 24) -> rows [11, 16) at positions [16, 21)
+
+Every row is fetched once in total, and none outside its chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Modality(str, Enum):
+    IMAGE = "image"
+    AUDIO = "audio"
+
+
+@dataclass(frozen=True)
+class PlaceholderRange:
+    """An item's placeholder positions `[offset, offset + length)` in a prompt."""
+
+    modality: Modality
+    content_hash: str
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True)
+class ChunkSlice:
+    """Rows `[row_start, row_end)` of item `item_index`, placed at positions
+    `[row_start + offset, row_end + offset)` of the prompt."""
+
+    item_index: int
+    content_hash: str
+    offset: int
+    row_start: int
+    row_end: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_end - self.row_start
+
+    @property
+    def position_start(self) -> int:
+        return self.offset + self.row_start
+
+    @property
+    def position_end(self) -> int:
+        return self.offset + self.row_end
+
+
+def overlap(start_a: int, end_a: int, start_b: int, end_b: int) -> tuple[int, int] | None:
+    """The intersection of `[start_a, end_a)` and `[start_b, end_b)`, or None if empty."""
+    start, end = max(start_a, start_b), min(end_a, end_b)
+    return (start, end) if start < end else None
+
+
+def slices_for_chunk(ranges: Sequence[PlaceholderRange], start: int, end: int) -> list[ChunkSlice]:
+    """The rows each item contributes to the chunk `[start, end)`, in prompt order."""
+    slices = []
+    for index, item in enumerate(ranges):
+        hit = overlap(start, end, item.offset, item.end)
+        if hit is not None:
+            slices.append(
+                ChunkSlice(
+                    item_index=index,
+                    content_hash=item.content_hash,
+                    offset=item.offset,
+                    row_start=hit[0] - item.offset,
+                    row_end=hit[1] - item.offset,
+                )
+            )
+    return slices
+
+
+def chunk_bounds(
+    num_tokens: int, max_chunk_tokens: int, start: int = 0
+) -> Iterator[tuple[int, int]]:
+    """Splits `[start, num_tokens)` into consecutive chunks of at most `max_chunk_tokens`."""
+    if max_chunk_tokens < 1:
+        raise ValueError(f"max_chunk_tokens must be >= 1, got {max_chunk_tokens}")
+    for chunk_start in range(start, num_tokens, max_chunk_tokens):
+        yield chunk_start, min(chunk_start + max_chunk_tokens, num_tokens)
+
+
+def validate_ranges(
+    ranges: Sequence[PlaceholderRange],
+    prompt_token_ids: Sequence[int],
+    placeholder_token_ids: dict[Modality, int],
+) -> None:
+    """Raises ValueError unless the ranges are sorted, disjoint, inside the prompt, and
+    cover exactly the prompt's placeholder tokens (no placeholder without an item, no
+    item over ordinary text)."""
+    num_tokens = len(prompt_token_ids)
+    previous_end = 0
+    covered = 0
+    for index, item in enumerate(ranges):
+        if item.modality not in placeholder_token_ids:
+            raise ValueError(f"item {index}: this model takes no {item.modality.value} input")
+        if item.length < 1:
+            raise ValueError(f"item {index}: length must be >= 1, got {item.length}")
+        if item.offset < previous_end:
+            raise ValueError(
+                f"item {index}: offset {item.offset} overlaps or precedes the previous item "
+                f"(which ends at {previous_end}); items must be sorted and disjoint"
+            )
+        if item.end > num_tokens:
+            raise ValueError(
+                f"item {index}: range [{item.offset}, {item.end}) runs past the prompt "
+                f"({num_tokens} tokens)"
+            )
+        expected = placeholder_token_ids[item.modality]
+        wrong = [p for p in range(item.offset, item.end) if prompt_token_ids[p] != expected]
+        if wrong:
+            raise ValueError(
+                f"item {index}: position {wrong[0]} holds token {prompt_token_ids[wrong[0]]}, "
+                f"not the {item.modality.value} placeholder {expected}"
+            )
+        previous_end = item.end
+        covered += item.length
+    placeholder_ids = set(placeholder_token_ids.values())
+    num_placeholders = sum(1 for t in prompt_token_ids if t in placeholder_ids)
+    if num_placeholders != covered:
+        raise ValueError(
+            f"the prompt has {num_placeholders} placeholder tokens but the items cover "
+            f"{covered}; every placeholder needs an item and every item its placeholders"
+        )

@@ -1,0 +1,107 @@
+"""What every Tessera gRPC server shares: health, reflection, a loading phase, a start
+line, and a clean shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from tessera import __version__
+
+log = logging.getLogger("tessera")
+
+# Well above the 1 MiB slice messages and large prompts with several images.
+MAX_MESSAGE_BYTES = 64 << 20
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How one service is started."""
+
+    name: str  # "encoder", "decoder", "gateway"
+    host: str
+    port: int
+    model: str
+    drain_seconds: float
+    service_names: Sequence[str]  # full gRPC service names, for health and reflection
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
+
+
+async def serve(
+    spec: ServerSpec,
+    add_servicers: Callable[[grpc.aio.Server], None],
+    load: Callable[[], Awaitable[str]],
+    stop_event: asyncio.Event | None = None,
+) -> None:
+    """Starts the server NOT_SERVING, runs `load()` (which returns a short description of
+    what was loaded, for the start line), flips health to SERVING, and serves until SIGTERM
+    or SIGINT (or `stop_event`). On stop: health flips to NOT_SERVING at once, then
+    in-flight calls get `spec.drain_seconds` to finish."""
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    add_servicers(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(f"{spec.host}:{spec.port}")
+    if port == 0:
+        raise OSError(f"could not bind {spec.host}:{spec.port}")
+    await _set_health(
+        health_servicer, spec.service_names, health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    await server.start()
+    address = f"{spec.host}:{port}"
+    log.info("tessera %s %s: loading %s on %s", spec.name, __version__, spec.model, address)
+
+    stop = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    loaded = await load()
+    await _set_health(health_servicer, spec.service_names, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "tessera %s %s ready: model=%s %s address=%s",
+        spec.name,
+        __version__,
+        spec.model,
+        loaded,
+        address,
+    )
+    await stop.wait()
+    log.info("tessera %s stopping: draining for up to %.1fs", spec.name, spec.drain_seconds)
+    await _set_health(
+        health_servicer, spec.service_names, health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    await server.stop(spec.drain_seconds)
+    log.info("tessera %s stopped", spec.name)
+
+
+async def _set_health(
+    servicer: health.aio.HealthServicer, names: Sequence[str], status: int
+) -> None:
+    for name in ["", *names]:
+        await servicer.set(name, status)
+
+
+async def abort_unless_ready(context: grpc.aio.ServicerContext, ready: bool) -> None:
+    if not ready:
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry shortly"
+        )

@@ -1,0 +1,99 @@
+"""Embedding rows <-> (dtype, shape, raw little-endian bytes), with strict checks.
+
+Nothing on the wire or in a store is ever unpickled: a block is its dtype name, its
+shape and exactly prod(shape) * itemsize bytes, or it is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("tessera's tensor codec assumes a little-endian host")
+
+
+class CodecError(ValueError):
+    """A block whose dtype, shape or byte count is not consistent."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    raise CodecError(f"unsupported dtype {dtype}; use one of {sorted(DTYPES)}")
+
+
+def itemsize(name: str) -> int:
+    return torch.empty((), dtype=parse_dtype(name)).element_size()
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise CodecError(f"unsupported dtype {name!r}; use one of {sorted(DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """A 2-D block of rows as bytes: `data` holds `num_rows * hidden_size` elements."""
+
+    dtype: str
+    num_rows: int
+    hidden_size: int
+    data: bytes
+
+    @property
+    def row_bytes(self) -> int:
+        return self.hidden_size * itemsize(self.dtype)
+
+    def rows(self, start: int, end: int) -> RowBlock:
+        """Rows `[start, end)` of this block."""
+        if not 0 <= start < end <= self.num_rows:
+            raise CodecError(f"rows [{start}, {end}) outside [0, {self.num_rows})")
+        row_bytes = self.row_bytes
+        return RowBlock(
+            self.dtype,
+            end - start,
+            self.hidden_size,
+            self.data[start * row_bytes : end * row_bytes],
+        )
+
+
+def encode_rows(tensor: torch.Tensor) -> RowBlock:
+    """A 2-D tensor (any device) as a RowBlock."""
+    if tensor.dim() != 2:
+        raise CodecError(f"expected a 2-D [rows, hidden] tensor, got shape {list(tensor.shape)}")
+    name = dtype_name(tensor.dtype)
+    raw = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+    return RowBlock(name, tensor.shape[0], tensor.shape[1], raw)
+
+
+def check_block(dtype: str, shape: list[int] | tuple[int, ...], num_bytes: int) -> None:
+    """Raises CodecError unless `num_bytes` is exactly what `dtype` and `shape` imply."""
+    size = itemsize(dtype)
+    if len(shape) != 2 or min(shape, default=0) < 1:
+        raise CodecError(f"expected shape [rows >= 1, hidden >= 1], got {list(shape)}")
+    expected = math.prod(shape) * size
+    if num_bytes != expected:
+        raise CodecError(
+            f"{num_bytes} bytes do not fit dtype {dtype} and shape {list(shape)} "
+            f"(expected {expected})"
+        )
+
+
+def decode_rows(dtype: str, shape: list[int] | tuple[int, ...], data: bytes) -> torch.Tensor:
+    """Bytes back to a `[rows, hidden]` CPU tensor, after checking they fit exactly."""
+    check_block(dtype, shape, len(data))
+    flat = torch.frombuffer(bytearray(data), dtype=parse_dtype(dtype))
+    return flat.view(shape[0], shape[1])
