@@ -1,0 +1,52 @@
+"""Session-wide fixtures: one demo checkpoint, one set of services, one reference model.
+
+Importing torch and loading a model costs seconds per process on small machines, so
+services start once per test session and every service test shares them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import Cluster
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory) -> Path:
+    from tessera.demo_model import make_demo_model
+
+    return make_demo_model(tmp_path_factory.mktemp("demo") / "tiny", seed=0, size="tiny")
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory) -> Path:
+    """Same architecture and config, other weights."""
+    from tessera.demo_model import make_demo_model
+
+    return make_demo_model(tmp_path_factory.mktemp("demo") / "tiny-seed1", seed=1, size="tiny")
+
+
+@pytest.fixture(scope="session")
+def cluster(demo_model_dir) -> Cluster:
+    """Gateway + encoder + decoder, plus a second encoder with no cache to speak of."""
+    model = ["--model", str(demo_model_dir)]
+    services = Cluster()
+    try:
+        encoder = services.start("encoder", "encoder", model)
+        services.start("small-encoder", "encoder", [*model, "--cache-bytes", "0"])
+        decoder = services.start("decoder", "decoder", model)
+        services.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
+        services.wait_ready()
+        yield services
+    finally:
+        services.stop()
+
+
+@pytest.fixture(scope="session")
+def reference(demo_model_dir):
+    """The oracle: the checkpoint's own model and processor, in this process."""
+    from tests.reference import Reference
+
+    return Reference(demo_model_dir)
