@@ -53,6 +53,8 @@ class EmbeddingClient:
         self.hidden_size = hidden_size
         self.lease_ms = lease_ms
         self.timeout_seconds = timeout_seconds
+        # (encoder address, content_hash) -> Encode call in flight, shared by every fetch
+        self._reencodes: dict[tuple[str, str], asyncio.Future] = {}
 
     async def fetch_chunk(
         self, request_id: str, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
@@ -91,22 +93,43 @@ class EmbeddingClient:
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.NOT_FOUND or not item.data:
                 raise
-        log.info("item %s not on %s; sending it to be encoded", chunk_slice.content_hash, address)
-        await stub.Encode(
-            encoder_pb2.EncodeRequest(
-                items=[
-                    common_pb2.MediaItem(
-                        modality=modality_to_proto(item.range.modality),
-                        data=item.data,
-                        content_hash=item.range.content_hash,
-                    )
-                ],
-                lease_owner=request_id,
-                lease_ms=self.lease_ms,
-            ),
-            timeout=self.timeout_seconds,
+        sent = await self._encode_once(stub, address, request_id, item)
+        return await self._stream_rows(stub, request_id, chunk_slice, reencoded=sent)
+
+    async def _encode_once(
+        self,
+        stub: encoder_pb2_grpc.EncoderServiceStub,
+        address: str,
+        request_id: str,
+        item: MediaSource,
+    ) -> bool:
+        """Sends the item to `address` to be encoded, unless a fetch of another chunk is
+        already doing so; True if this call sent it."""
+        key = (address, item.range.content_hash)
+        pending = self._reencodes.get(key)
+        if pending is not None:
+            await asyncio.shield(pending)
+            return False
+        log.info("item %s not on %s; sending it to be encoded", item.range.content_hash, address)
+        request = encoder_pb2.EncodeRequest(
+            items=[
+                common_pb2.MediaItem(
+                    modality=modality_to_proto(item.range.modality),
+                    data=item.data,
+                    content_hash=item.range.content_hash,
+                )
+            ],
+            lease_owner=request_id,
+            lease_ms=self.lease_ms,
         )
-        return await self._stream_rows(stub, request_id, chunk_slice, reencoded=True)
+        task = asyncio.ensure_future(stub.Encode(request, timeout=self.timeout_seconds))
+        self._reencodes[key] = task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if self._reencodes.get(key) is task:
+                del self._reencodes[key]
+        return True
 
     async def _stream_rows(
         self,

@@ -44,22 +44,30 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    import grpc
+
     from tessera.client import Client, Message
     from tessera.v1 import common_pb2
 
-    parts: list[str | bytes] = [Path(p).read_bytes() for p in args.image]
+    try:
+        parts: list[str | bytes] = [Path(p).read_bytes() for p in args.image]
+    except OSError as error:
+        raise SystemExit(f"tessera generate: cannot read image: {error}") from None
     parts.append(args.prompt)
     sampling = common_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     if args.seed is not None:
         sampling.seed = args.seed
-    with Client(args.server) as client:
-        if not args.json:
-            for response in client.stream([Message("user", parts)], sampling):
-                if response.HasField("delta"):
-                    print(response.delta.text, end="", flush=True)
-            print()
-            return
-        completion = client.complete([Message("user", parts)], sampling)
+    try:
+        with Client(args.server) as client:
+            if not args.json:
+                for response in client.stream([Message("user", parts)], sampling):
+                    if response.HasField("delta"):
+                        print(response.delta.text, end="", flush=True)
+                print()
+                return
+            completion = client.complete([Message("user", parts)], sampling)
+    except grpc.RpcError as error:
+        raise SystemExit(f"tessera generate: {error.code().name}: {error.details()}") from None
     from google.protobuf.json_format import MessageToDict
 
     print(

@@ -1,0 +1,118 @@
+"""The commands a new user runs: `tessera serve`, then `tessera generate`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tessera.launcher import free_port
+from tests.reference import assert_greedy_match, noise_image
+
+TESSERA = [sys.executable, "-m", "tessera.cli"]
+
+
+def run_tessera(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*TESSERA, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_json_matches_generate(cluster, reference, tmp_path):
+    image = noise_image(401, 45, 35)
+    (tmp_path / "cat.png").write_bytes(image)
+    result = run_tessera(
+        "generate",
+        "--server",
+        cluster.address("gateway"),
+        "--image",
+        str(tmp_path / "cat.png"),
+        "--max-tokens",
+        "6",
+        "--json",
+        "describe",
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert set(answer) >= {"text", "token_ids", "prompt_token_ids", "usage", "stats"}
+    expected = reference.generate([("user", [image, "describe"])], 6)
+    assert answer["prompt_token_ids"] == expected.prompt_token_ids
+    assert_greedy_match(answer["token_ids"], expected)
+    assert answer["usage"] == {
+        "prompt_tokens": len(expected.prompt_token_ids),
+        "completion_tokens": 6,
+    }
+    assert answer["stats"]["num_items"] == 1
+
+
+def test_generate_reports_errors_without_a_traceback(cluster, tmp_path):
+    missing = run_tessera(
+        "generate", "--server", cluster.address("gateway"), "--image", "nope.png", "hi"
+    )
+    assert missing.returncode != 0 and "cannot read image" in missing.stderr
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    bad = run_tessera(
+        "generate",
+        "--server",
+        cluster.address("gateway"),
+        "--image",
+        str(tmp_path / "bad.png"),
+        "hi",
+    )
+    assert bad.returncode != 0
+    assert "INVALID_ARGUMENT" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_serve_then_generate_on_a_fresh_home(tmp_path):
+    """What the README promises: serve makes the demo model, prints where to connect,
+    answers `tessera generate --image`, and stops everything on SIGTERM."""
+    port = free_port()
+    env = {**os.environ, "TESSERA_HOME": str(tmp_path / "home")}
+    serve = subprocess.Popen(
+        [*TESSERA, "serve", "--port", str(port), "--max-chunk-tokens", "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    output: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = serve.stdout.readline()
+            assert line, "serve exited early:\n" + "".join(output)
+            output.append(line)
+            if "Tessera is ready" in line:
+                break
+        text = "".join(output)
+        assert "making the demo model" in text
+        assert "max_chunk_tokens=8" in text
+        serve_output = serve.stdout
+        # Keep draining so the children never block on a full pipe.
+        drain = subprocess.Popen(["cat"], stdin=serve_output, stdout=subprocess.DEVNULL)
+        (tmp_path / "some.png").write_bytes(noise_image(402, 30, 30))
+        result = run_tessera(
+            "generate",
+            "--server",
+            f"127.0.0.1:{port}",
+            "--image",
+            str(tmp_path / "some.png"),
+            "describe",
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip()
+        assert (Path(env["TESSERA_HOME"]) / "demo-tiny" / "config.json").exists()
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) == 0
+    drain.wait(10)
+
+
+def test_make_demo_model(tmp_path):
+    result = run_tessera("make-demo-model", str(tmp_path / "m"), "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "m" / "config.json").exists() and (
+        tmp_path / "m" / "tokenizer.json"
+    ).exists()
