@@ -111,3 +111,24 @@ def test_output_depends_on_the_image(client):
         for seed in (201, 202)
     }
     assert len(outputs) == 2
+
+
+def test_seeded_sampling_repeats_and_stop_tokens_stop(client, references):
+    prompt = as_messages(PROMPTS["one-image"])
+
+    def sampled(seed: int) -> list[int]:
+        params = common_pb2.SamplingParams(
+            max_tokens=MAX_NEW_TOKENS, temperature=1.5, top_p=0.95, top_k=50, seed=seed
+        )
+        return client.complete(prompt, params).token_ids
+
+    assert sampled(7) == sampled(7)
+    assert len({tuple(sampled(seed)) for seed in (7, 8, 9)}) > 1
+
+    greedy_tokens = references["one-image"].token_ids
+    stop_at = greedy_tokens[3]
+    params = greedy()
+    params.stop_token_ids.append(stop_at)
+    done = client.complete(prompt, params)
+    assert done.token_ids == greedy_tokens[: greedy_tokens.index(stop_at) + 1]
+    assert done.finish_reason == "stop"
