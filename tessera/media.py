@@ -60,8 +60,17 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Dec
                     f"{max_pixels}; send a smaller image"
                 )
             image.load()
+            # Palette samples are only indices, and a transparency key (PNG tRNS) hides
+            # pixels that the processor paints white: expand both, so that the samples the
+            # content hash covers are the whole picture (two such images never share a key).
+            if image.mode == "PA" or "transparency" in image.info:
+                image = image.convert("RGBA")
+            elif image.mode == "P":
+                image = image.convert("RGB")
     except MediaError:
         raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise MediaError(f"image has too many pixels ({error}); send a smaller image") from None
     # PIL raises many kinds of errors on hostile files; all of them mean "not usable".
     except Exception as error:
         raise MediaError(

@@ -72,8 +72,10 @@ class RowBlock:
 
 def encode_rows(tensor: torch.Tensor) -> RowBlock:
     """A 2-D tensor (any device) as a RowBlock."""
-    if tensor.dim() != 2:
-        raise CodecError(f"expected a 2-D [rows, hidden] tensor, got shape {list(tensor.shape)}")
+    if tensor.dim() != 2 or tensor.numel() == 0:
+        raise CodecError(
+            f"expected a 2-D [rows >= 1, hidden >= 1] tensor, got shape {list(tensor.shape)}"
+        )
     name = dtype_name(tensor.dtype)
     raw = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
     return RowBlock(name, tensor.shape[0], tensor.shape[1], raw)
