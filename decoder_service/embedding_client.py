@@ -20,8 +20,8 @@ from decoder_service.request import MediaSource
 from tessera.channels import ChannelPool
 from tessera.placeholders import ChunkSlice
 from tessera.tensor_codec import CodecError, parse_dtype
-from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tessera.wire import block_from_proto, modality_to_proto
+from tessera.v1 import encoder_pb2, encoder_pb2_grpc
+from tessera.wire import block_from_proto, media_item_to_proto
 
 log = logging.getLogger("tessera.decoder.fetch")
 
@@ -112,13 +112,7 @@ class EmbeddingClient:
             return False
         log.info("item %s not on %s; sending it to be encoded", item.range.content_hash, address)
         request = encoder_pb2.EncodeRequest(
-            items=[
-                common_pb2.MediaItem(
-                    modality=modality_to_proto(item.range.modality),
-                    data=item.data,
-                    content_hash=item.range.content_hash,
-                )
-            ],
+            items=[media_item_to_proto(item.range, item.data)],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )

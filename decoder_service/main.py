@@ -14,8 +14,8 @@ from decoder_service.scheduler import Scheduler
 from decoder_service.servicer import DecoderServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
-from tessera.server import ServerSpec, configure_logging, serve
-from tessera.v1 import decoder_pb2, decoder_pb2_grpc
+from tessera.server import configure_logging, serve, service_spec
+from tessera.v1 import decoder_pb2_grpc
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -54,14 +54,7 @@ async def run(config: DecoderConfig) -> None:
             f"max_num_seqs={config.max_num_seqs}"
         )
 
-    spec = ServerSpec(
-        name="decoder",
-        host=config.host,
-        port=config.port,
-        model=config.model,
-        drain_seconds=config.drain_seconds,
-        service_names=[decoder_pb2.DESCRIPTOR.services_by_name["DecoderService"].full_name],
-    )
+    spec = service_spec("decoder", config, "DecoderService")
     await serve(
         spec,
         lambda server: decoder_pb2_grpc.add_DecoderServiceServicer_to_server(servicer, server),

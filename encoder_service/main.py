@@ -12,8 +12,8 @@ from encoder_service.encoder import EncoderCore
 from encoder_service.memory_store import MemoryStore
 from encoder_service.servicer import EncoderServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
-from tessera.server import ServerSpec, configure_logging, serve
-from tessera.v1 import encoder_pb2, encoder_pb2_grpc
+from tessera.server import configure_logging, serve, service_spec
+from tessera.v1 import encoder_pb2_grpc
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -41,14 +41,7 @@ async def run(config: EncoderConfig) -> None:
             f"dtype={config.dtype} cache_bytes={config.cache_bytes}"
         )
 
-    spec = ServerSpec(
-        name="encoder",
-        host=config.host,
-        port=config.port,
-        model=config.model,
-        drain_seconds=config.drain_seconds,
-        service_names=[encoder_pb2.DESCRIPTOR.services_by_name["EncoderService"].full_name],
-    )
+    spec = service_spec("encoder", config, "EncoderService")
     await serve(
         spec,
         lambda server: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, server),

@@ -12,8 +12,8 @@ from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
-from tessera.server import ServerSpec, configure_logging, serve
-from tessera.v1 import gateway_pb2, gateway_pb2_grpc
+from tessera.server import configure_logging, serve, service_spec
+from tessera.v1 import gateway_pb2_grpc
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -38,14 +38,7 @@ async def run(config: GatewayConfig) -> None:
             f"encoders={','.join(config.encoders)} decoders={','.join(config.decoders)}"
         )
 
-    spec = ServerSpec(
-        name="gateway",
-        host=config.host,
-        port=config.port,
-        model=config.model,
-        drain_seconds=config.drain_seconds,
-        service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name],
-    )
+    spec = service_spec("gateway", config, "GatewayService")
     await serve(
         spec,
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server),

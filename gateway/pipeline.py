@@ -17,7 +17,7 @@ from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
 from gateway.router import DecoderRouter, rendezvous_order
 from tessera.channels import ChannelPool
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
-from tessera.wire import modality_to_proto, range_to_proto
+from tessera.wire import media_item_to_proto, range_to_proto
 
 log = logging.getLogger("tessera.gateway")
 
@@ -158,14 +158,7 @@ class GenerationPipeline:
     async def _encode_on(self, address: str, request_id: str, items: list[PromptItem]):
         stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(address))
         request = encoder_pb2.EncodeRequest(
-            items=[
-                common_pb2.MediaItem(
-                    modality=modality_to_proto(item.range.modality),
-                    data=item.data,
-                    content_hash=item.range.content_hash,
-                )
-                for item in items
-            ],
+            items=[media_item_to_proto(item.range, item.data) for item in items],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )

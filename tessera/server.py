@@ -8,6 +8,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,6 +36,18 @@ class ServerSpec:
     model: str
     drain_seconds: float
     service_names: Sequence[str]  # full gRPC service names, for health and reflection
+
+
+def service_spec(name: str, config: Any, service_name: str) -> ServerSpec:
+    """A ServerSpec from a service config that has host, port, model and drain_seconds."""
+    return ServerSpec(
+        name=name,
+        host=config.host,
+        port=config.port,
+        model=config.model,
+        drain_seconds=config.drain_seconds,
+        service_names=[f"tessera.v1.{service_name}"],
+    )
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -43,6 +43,13 @@ def range_from_proto(message: common_pb2.PlaceholderRange) -> PlaceholderRange:
     )
 
 
+def media_item_to_proto(item: PlaceholderRange, data: bytes) -> common_pb2.MediaItem:
+    """The item named by `item`'s content hash, with its encoded bytes."""
+    return common_pb2.MediaItem(
+        modality=modality_to_proto(item.modality), data=data, content_hash=item.content_hash
+    )
+
+
 def block_to_proto(block: RowBlock) -> common_pb2.TensorBytes:
     return common_pb2.TensorBytes(
         dtype=block.dtype, shape=[block.num_rows, block.hidden_size], data=block.data
