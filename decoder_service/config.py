@@ -22,6 +22,10 @@ class DecoderConfig:
     default_max_tokens: int
     fetch_timeout_seconds: float
     lease_ms: int
+    kv_cache_bytes: int
+    block_size: int
+    enable_prefix_caching: bool
+    max_prefetch_bytes: int
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
@@ -33,6 +37,8 @@ class DecoderConfig:
             raise SystemExit("--max-chunk-tokens must be >= 1")
         if config.max_num_batched_tokens < config.max_chunk_tokens:
             raise SystemExit("--max-num-batched-tokens must be >= --max-chunk-tokens")
+        if config.block_size < 1 or config.kv_cache_bytes < 1:
+            raise SystemExit("--block-size and --kv-cache-bytes must be positive")
         return config
 
 
@@ -66,6 +72,25 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         help="deadline of one embedding fetch or re-encode call",
+    )
+    parser.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=1 << 30,
+        help="memory for the paged KV cache; the number of blocks is logged at start",
+    )
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse KV blocks of earlier requests with the same prefix (text and media)",
+    )
+    parser.add_argument(
+        "--max-prefetch-bytes",
+        type=int,
+        default=256 << 20,
+        help="embedding rows fetched ahead of the forward, at most (over all requests)",
     )
     parser.add_argument(
         "--lease-ms",

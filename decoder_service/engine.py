@@ -1,7 +1,9 @@
-"""The decoder engine: `step()` = schedule -> fetch -> run -> postprocess, in a loop.
+"""The decoder engine: `step()` = schedule -> gather rows -> run -> postprocess, in a loop.
 
-The loop lives on the event loop; the forward runs on one model thread, so fetches for
-the next chunks (started as soon as a chunk is scheduled) proceed while it computes.
+The loop lives on the event loop; the forward runs on one model thread, so embedding
+fetches for the chunks ahead proceed while it computes. When nothing can run because
+every pending chunk waits for rows, the loop sleeps until a fetch lands; that time is
+the forward's wait on embeddings, exported in stats.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
-from decoder_service.embedding_client import EmbeddingClient, FetchedRows
+from decoder_service.block_hash import block_hashes
+from decoder_service.embedding_client import EmbeddingClient
 from decoder_service.model_runner import ModelRunner, WorkInput
+from decoder_service.prefetch import Prefetcher
 from decoder_service.request import (
     ChunkRecord,
     DecodeSpec,
@@ -28,10 +33,19 @@ from decoder_service.request import (
 from decoder_service.sampler import sample
 from decoder_service.scheduler import ScheduledWork, Scheduler
 from tessera.adapters import ModelFamily
-from tessera.placeholders import slices_for_chunk
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 
 log = logging.getLogger("tessera.decoder")
+
+
+@dataclass
+class EngineCounters:
+    num_steps: int = 0
+    num_batched_tokens: int = 0
+    forward_seconds: float = 0.0
+    fetch_wait_seconds: float = 0.0  # no work could run: every pending chunk awaited rows
+    num_finished: int = 0
+    num_aborted: int = 0
 
 
 class Engine:
@@ -39,30 +53,34 @@ class Engine:
         self,
         family: ModelFamily,
         scheduler: Scheduler,
+        runner: ModelRunner,
+        prefetcher: Prefetcher,
         embeddings: EmbeddingClient,
         max_model_len: int,
     ):
         self.family = family
         self.scheduler = scheduler
+        self.runner = runner
+        self.prefetcher = prefetcher
         self.embeddings = embeddings
         self.max_model_len = max_model_len
-        self.runner = ModelRunner(family)
+        self.counters = EngineCounters()
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         self._wakeup = asyncio.Event()
         self._requests: dict[str, RequestState] = {}
-        self._loop_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self._loop_task = asyncio.create_task(self._run_forever(), name="engine-loop")
+        self._spawn(self._run_forever())
 
     @property
     def num_requests(self) -> int:
         return len(self._requests)
 
     async def generate(self, spec: DecodeSpec) -> AsyncIterator[Event]:
-        """Streams the request's sampled tokens, then `Finished`; an exception is raised.
-        Leaving the iteration early (client gone) aborts the request."""
+        """Streams the request's sampled tokens, then `Finished`; errors are raised.
+        Leaving the iteration early (client gone, deadline) aborts the request and frees
+        its blocks and fetches at once."""
         if spec.request_id in self._requests:
             raise ValueError(f"request id {spec.request_id} is already running")
         generator = torch.Generator(device=self.family.device)
@@ -85,6 +103,7 @@ class Engine:
         finally:
             if not request.finished:
                 log.info("request %s aborted", spec.request_id)
+                self.counters.num_aborted += 1
                 self._finish(request)
 
     async def _run_forever(self) -> None:
@@ -95,85 +114,80 @@ class Engine:
                 continue
             try:
                 await self.step()
-            except Exception:  # a bug, not a request's fault: keep serving the others
+            except Exception:  # a bug, not a request's fault: fail them, keep serving
                 log.exception("engine step failed")
                 for request in list(self._requests.values()):
                     self._fail(request, RuntimeError("internal error in the decoder engine"))
 
     async def step(self) -> None:
+        self._refresh_rows()
         output = self.scheduler.schedule()
-        for work in output.work:
-            # Started before this step's forward, so the fetch overlaps it.
-            self._prefetch_next_chunk(work)
-        inputs = []
-        for work in output.work:
-            rows = await self._rows_for(work)
-            if rows is not None:
-                inputs.append(WorkInput(work, rows))
-        if not inputs:
+        for request in output.preempted:
+            self.prefetcher.drop(request)
+        for request in self.scheduler.running:
+            self.prefetcher.plan(request)
+        if not output.work:
+            await self._wait_for_rows()
             return
+        inputs = [self._gather(work) for work in output.work]
         loop = asyncio.get_running_loop()
+        started = time.monotonic()
         logits = await loop.run_in_executor(self._model_thread, self.runner.run, inputs)
+        self.counters.forward_seconds += time.monotonic() - started
+        self.counters.num_steps += 1
+        self.counters.num_batched_tokens += output.num_tokens
         for item, request_logits in zip(inputs, logits, strict=True):
             self._postprocess(item.work, request_logits)
 
     # -- embeddings ----------------------------------------------------------------------
 
-    async def _rows_for(self, work: ScheduledWork) -> list[FetchedRows] | None:
-        """The rows this work needs, or None if the request failed meanwhile."""
-        request = work.request
-        if not work.is_prefill:
-            return []
-        task = request.prefetches.pop((work.start, work.end), None) or self._start_fetch(
-            request, work.start, work.end
-        )
+    def _refresh_rows(self) -> None:
+        now = time.monotonic()
+        for request in [*self.scheduler.running, *self.scheduler.waiting]:
+            error = self.prefetcher.refresh(request, now)
+            if error is not None:
+                self._fail(request, error)
+
+    async def _wait_for_rows(self) -> None:
+        """Nothing can run: sleep until a fetch lands or a request arrives."""
+        pending = self.prefetcher.pending_tasks(self.scheduler.running)
+        self._wakeup.clear()
+        wakeup = asyncio.ensure_future(self._wakeup.wait())
         started = time.monotonic()
         try:
-            rows = await task if task else []
-        except Exception as error:
-            self._fail(request, error)
-            return None
+            await asyncio.wait([*pending, wakeup], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            request.stats.fetch_wait_seconds += time.monotonic() - started
-        request.stats.chunks.append(
-            ChunkRecord(
-                work.start,
-                work.end,
-                sum(r.slice.num_rows for r in rows),
-                sum(r.num_bytes for r in rows),
-            )
-        )
-        request.stats.num_reencoded_items += sum(r.reencoded for r in rows)
-        return rows
+            wakeup.cancel()
+        if pending:
+            self.counters.fetch_wait_seconds += time.monotonic() - started
 
-    def _start_fetch(self, request: RequestState, start: int, end: int) -> asyncio.Task | None:
-        slices = slices_for_chunk(request.spec.ranges, start, end)
-        if not slices:
-            return None
-        return asyncio.create_task(
-            self.embeddings.fetch_chunk(request.request_id, request.spec.items, slices)
-        )
-
-    def _prefetch_next_chunk(self, work: ScheduledWork) -> None:
+    def _gather(self, work: ScheduledWork) -> WorkInput:
         request = work.request
-        chunk = request.next_chunk(work.end) if work.is_prefill else None
-        if chunk is None or chunk in request.prefetches or request.finished:
-            return
-        task = self._start_fetch(request, *chunk)
-        if task is not None:
-            request.prefetches[chunk] = task
+        rows = self.prefetcher.take(request, work.start, work.end)
+        if work.start < request.num_prompt_tokens:
+            request.stats.chunks.append(
+                ChunkRecord(
+                    work.start,
+                    work.end,
+                    sum(r.slice.num_rows for r in rows),
+                    sum(r.num_bytes for r in rows),
+                )
+            )
+            request.stats.num_reencoded_items += sum(r.reencoded for r in rows)
+        return WorkInput(work, rows)
 
     # -- postprocess ---------------------------------------------------------------------
 
     def _postprocess(self, work: ScheduledWork, logits: torch.Tensor | None) -> None:
         request = work.request
-        if request.finished:
+        if request.finished or request not in self.scheduler.running:
             return
         request.num_computed_tokens = work.end
+        if request.num_computed_tokens >= request.num_prompt_tokens:
+            self._release_leases(request)
+        self._cache_blocks(request)
         if logits is None:
             return
-        if work.is_prefill:
-            self._release_leases(request)
         token = sample(logits, request.spec.sampling, request.generator)
         request.output_token_ids.append(token.token_id)
         if request.stats.time_to_first_token_seconds is None:
@@ -186,7 +200,23 @@ class Engine:
                     reason, request.num_prompt_tokens, len(request.output_token_ids), request.stats
                 )
             )
+            self.counters.num_finished += 1
             self._finish(request)
+
+    def _cache_blocks(self, request: RequestState) -> None:
+        kv = self.scheduler.kv
+        if not kv.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // kv.block_size
+        if len(request.block_hashes) < num_full:
+            request.block_hashes = block_hashes(
+                [request.token_at(p) for p in range(num_full * kv.block_size)],
+                request.spec.ranges,
+                kv.block_size,
+                known=request.block_hashes,
+                salt=request.spec.cache_salt,
+            )
+        kv.cache_full_blocks(request.request_id, request.block_hashes, num_full)
 
     def _finish_reason(self, request: RequestState, token: SampledToken) -> FinishReason | None:
         options = request.spec.sampling
@@ -209,22 +239,18 @@ class Engine:
             return
         request.finished = True
         self.scheduler.remove(request)
+        self.prefetcher.drop(request)
         self._requests.pop(request.request_id, None)
-        for task in request.prefetches.values():
-            task.cancel()
-        request.prefetches.clear()
-        request.kv_cache = None
-        if request.is_prefilling:
-            self._release_leases(request)
+        self._release_leases(request)
 
     def _release_leases(self, request: RequestState) -> None:
         """Tells each encoder the request no longer needs its items pinned: their
         positions are in the KV cache (or the request is gone)."""
-        addresses = {a for item in request.spec.items for a in item.encoder_addresses}
-        for address in addresses:
-            task = asyncio.create_task(self._release_on(address, request.request_id))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+        if request.leases_released or not request.spec.items:
+            return
+        request.leases_released = True
+        for address in {a for item in request.spec.items for a in item.encoder_addresses}:
+            self._spawn(self._release_on(address, request.request_id))
 
     async def _release_on(self, address: str, owner: str) -> None:
         stub = encoder_pb2_grpc.EncoderServiceStub(self.embeddings.channels.get(address))
@@ -232,3 +258,8 @@ class Engine:
             await stub.ReleaseLeases(encoder_pb2.ReleaseLeasesRequest(lease_owner=owner), timeout=5)
         except Exception as error:  # the lease runs out by itself
             log.debug("releasing leases on %s failed: %s", address, error)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -4,24 +4,74 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 
 import torch
 
 from decoder_service.config import DecoderConfig, add_decoder_flags
 from decoder_service.embedding_client import EmbeddingClient
 from decoder_service.engine import Engine
+from decoder_service.kv_cache import KVCacheManager
+from decoder_service.model_runner import ModelRunner
+from decoder_service.paged_attention import ATTENTION_NAME, PagedKVStore
+from decoder_service.prefetch import Prefetcher
 from decoder_service.scheduler import Scheduler
 from decoder_service.servicer import DecoderServicer
-from tessera.adapters import LoadOptions, ModelPart, load_family
+from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.channels import ChannelPool
 from tessera.server import configure_logging, serve, service_spec
 from tessera.v1 import decoder_pb2_grpc
+
+log = logging.getLogger("tessera.decoder")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="tessera decoder")
     add_decoder_flags(parser)
     return parser
+
+
+def build_engine(config: DecoderConfig, family: ModelFamily) -> Engine:
+    max_model_len = min(config.max_model_len or family.max_model_len, family.max_model_len)
+    shape = family.kv_shape()
+    bytes_per_block = PagedKVStore.bytes_per_block(
+        shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, family.dtype
+    )
+    num_blocks = config.kv_cache_bytes // bytes_per_block
+    if num_blocks < 1:
+        raise SystemExit(
+            f"--kv-cache-bytes {config.kv_cache_bytes} holds no block ({bytes_per_block} B)"
+        )
+    log.info(
+        "KV cache: %d blocks of %d tokens (%d B each, %d tokens in all)",
+        num_blocks,
+        config.block_size,
+        bytes_per_block,
+        num_blocks * config.block_size,
+    )
+    store = PagedKVStore(
+        shape.num_layers,
+        num_blocks,
+        config.block_size,
+        shape.num_kv_heads,
+        shape.head_dim,
+        family.dtype,
+        family.device,
+    )
+    kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    embeddings = EmbeddingClient(
+        ChannelPool(), family.hidden_size, config.lease_ms, config.fetch_timeout_seconds
+    )
+    # Rows usually arrive as float32; the bound is an estimate, not an exact count.
+    prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, family.hidden_size * 4)
+    return Engine(
+        family,
+        Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens),
+        ModelRunner(family, store),
+        prefetcher,
+        embeddings,
+        max_model_len,
+    )
 
 
 async def run(config: DecoderConfig) -> None:
@@ -32,26 +82,21 @@ async def run(config: DecoderConfig) -> None:
             ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL,
             config.device,
             getattr(torch, config.dtype),
+            text_attention=ATTENTION_NAME,
         )
         family = await asyncio.to_thread(
             load_family, config.model, options, config.model_fingerprint
         )
-        max_model_len = min(config.max_model_len or family.max_model_len, family.max_model_len)
-        embeddings = EmbeddingClient(
-            ChannelPool(), family.hidden_size, config.lease_ms, config.fetch_timeout_seconds
-        )
-        engine = Engine(
-            family,
-            Scheduler(config.max_num_seqs, config.max_num_batched_tokens),
-            embeddings,
-            max_model_len,
-        )
+        engine = build_engine(config, family)
         engine.start()
         servicer.engine = engine
+        kv = engine.scheduler.kv
         return (
             f"family={family.name} device={config.device} dtype={config.dtype} "
-            f"max_model_len={max_model_len} max_chunk_tokens={config.max_chunk_tokens} "
-            f"max_num_seqs={config.max_num_seqs}"
+            f"max_model_len={engine.max_model_len} max_chunk_tokens={config.max_chunk_tokens} "
+            f"max_num_seqs={config.max_num_seqs} "
+            f"max_num_batched_tokens={config.max_num_batched_tokens} "
+            f"kv_blocks={kv.num_blocks}x{kv.block_size} prefix_caching={kv.enable_prefix_caching}"
         )
 
     spec = service_spec("decoder", config, "DecoderService")

@@ -1,8 +1,11 @@
-"""Runs one engine step's work on the model: builds each chunk's input embeddings (token
-embeddings, with fetched media rows written by position index), runs the language model
-with the request's KV cache, and returns logits where a token is to be sampled.
+"""Runs one engine step on the model: a single packed forward over every scheduled
+request's tokens (prefill chunks and decode tokens together).
 
-Runs on the engine's model thread; it never waits on the network.
+For each piece of work it embeds the tokens, writes fetched media rows into the
+embeddings by position index (never by matching token ids), and computes positions and
+KV slots from the request's block table; the attention itself is
+`paged_attention.paged_attention`. Runs on the engine's model thread and never waits on
+the network.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from decoder_service.embedding_client import FetchedRows
+from decoder_service.paged_attention import AttentionMetadata, PagedKVStore, Segment
 from decoder_service.scheduler import ScheduledWork
 from tessera.adapters import ModelFamily
 
@@ -24,34 +28,57 @@ class WorkInput:
 
 
 class ModelRunner:
-    def __init__(self, family: ModelFamily):
+    def __init__(self, family: ModelFamily, store: PagedKVStore):
         self.family = family
+        self.store = store
 
     @torch.inference_mode()
     def run(self, inputs: Sequence[WorkInput]) -> list[torch.Tensor | None]:
-        """Per work item: `[vocab]` float32 logits of its last position when it completes
-        the prompt or decodes, else None."""
-        return [self._run_one(item) for item in inputs]
+        """Per work item: `[vocab]` float32 logits of its last position if it samples."""
+        family, device = self.family, self.family.device
+        token_ids: list[int] = []
+        for item in inputs:
+            request = item.work.request
+            token_ids += [request.token_at(p) for p in range(item.work.start, item.work.end)]
+        embeds = family.embed_tokens(torch.tensor(token_ids, dtype=torch.long, device=device))
 
-    def _run_one(self, item: WorkInput) -> torch.Tensor | None:
-        work, request = item.work, item.work.request
-        family = self.family
-        if request.kv_cache is None:
-            request.kv_cache = family.new_kv_cache()
-        token_ids = torch.tensor(
-            [request.token_at(p) for p in range(work.start, work.end)], dtype=torch.long
-        )
-        embeds = family.embed_tokens(token_ids)
-        for fetched in item.rows:
-            # By position, never by token id: row r of the item goes to offset + r.
-            first = fetched.slice.position_start - work.start
-            embeds[first : first + fetched.slice.num_rows] = fetched.rows.to(
-                embeds.device, embeds.dtype
+        positions, slot_mappings, segments = [], [], []
+        offset = 0
+        for item in inputs:
+            work = item.work
+            for fetched in item.rows:
+                first = offset + fetched.slice.position_start - work.start
+                embeds[first : first + fetched.slice.num_rows] = fetched.rows.to(
+                    device, embeds.dtype
+                )
+            request = work.request
+            positions.append(
+                family.positions(
+                    request.num_prompt_tokens, request.spec.ranges, work.start, work.end
+                )
             )
-        positions = family.positions(
-            request.num_prompt_tokens, request.spec.ranges, work.start, work.end
+            table = list(work.block_table)
+            slot_mappings.append(self.store.slots(table, work.start, work.end, device))
+            segments.append(
+                Segment(
+                    offset,
+                    offset + work.num_tokens,
+                    work.start,
+                    self.store.slots(table, 0, work.end, device),
+                )
+            )
+            offset += work.num_tokens
+
+        metadata = AttentionMetadata(torch.cat(slot_mappings), tuple(segments))
+        hidden = family.forward(
+            embeds, torch.cat(positions, dim=-1), tessera_metadata=metadata, tessera_kv=self.store
         )
-        hidden = family.forward(embeds, positions, request.kv_cache)
-        if not work.completes_prompt:
-            return None
-        return family.compute_logits(hidden[-1:])[0]
+        sampling = [i for i, item in enumerate(inputs) if item.work.samples]
+        if not sampling:
+            return [None] * len(inputs)
+        last = torch.tensor([segments[i].query_end - 1 for i in sampling], device=device)
+        logits = family.compute_logits(hidden.index_select(0, last))
+        results: list[torch.Tensor | None] = [None] * len(inputs)
+        for row, index in enumerate(sampling):
+            results[index] = logits[row]
+        return results

@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from tessera.placeholders import PlaceholderRange
@@ -45,8 +46,9 @@ class DecodeSpec:
     items: tuple[MediaSource, ...]
     sampling: SamplingOptions
     max_chunk_tokens: int
+    cache_salt: str = ""
 
-    @property
+    @cached_property
     def ranges(self) -> list[PlaceholderRange]:
         return [item.range for item in self.items]
 
@@ -83,6 +85,8 @@ class RequestStats:
     num_reencoded_items: int = 0
     fetch_wait_seconds: float = 0.0
     time_to_first_token_seconds: float | None = None
+    num_cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
 
     @property
     def num_embedding_bytes(self) -> int:
@@ -101,18 +105,28 @@ class Finished:
 Event = SampledToken | Finished | BaseException
 
 
-@dataclass
+@dataclass(eq=False)
 class RequestState:
+    """A request's progress. Tokens `[0, num_computed_tokens)` have their K/V in the
+    cache; `[num_computed_tokens, num_tokens)` are pending. A decode step is the case of
+    one pending token (the last one sampled); after a preemption every token is pending
+    again and is recomputed chunk by chunk like a prompt."""
+
     spec: DecodeSpec
     events: asyncio.Queue[Event]
     generator: Any  # torch.Generator, made by the engine on its device
     arrival_time: float = field(default_factory=time.monotonic)
     num_computed_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
-    kv_cache: Any = None
+    block_hashes: list[bytes] = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
-    # (start, end) of a prefill chunk -> task fetching its embedding rows
-    prefetches: dict[tuple[int, int], asyncio.Task[Any]] = field(default_factory=dict)
+    admitted: bool = False
+    # Pending chunks whose embedding rows have arrived; set by the engine each step.
+    ready_chunks: set[tuple[int, int]] = field(default_factory=set)
+    # (start, end) of a prefill chunk -> task fetching its rows (owned by the Prefetcher)
+    fetches: dict[tuple[int, int], asyncio.Task[Any]] = field(default_factory=dict)
+    blocked_since: float | None = None
+    leases_released: bool = False
     finished: bool = False
 
     @property
@@ -124,19 +138,27 @@ class RequestState:
         return len(self.spec.prompt_token_ids)
 
     @property
-    def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < self.num_prompt_tokens
+    def num_tokens(self) -> int:
+        return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
 
-    def next_chunk(self, start: int) -> tuple[int, int] | None:
-        """The prefill chunk that starts at `start`, or None past the prompt."""
-        if start >= self.num_prompt_tokens:
+    @property
+    def is_decoding(self) -> bool:
+        return bool(self.output_token_ids) and self.num_tokens - self.num_computed_tokens == 1
+
+    def next_chunk(self, start: int | None = None) -> tuple[int, int] | None:
+        """The chunk of pending tokens that begins at `start` (default: the first pending
+        one), or None when nothing is pending there. Chunk boundaries are fixed by
+        `max_chunk_tokens`, so rows can be fetched for chunks ahead exactly."""
+        start = self.num_computed_tokens if start is None else start
+        if start >= self.num_tokens:
             return None
-        return start, min(start + self.spec.max_chunk_tokens, self.num_prompt_tokens)
+        return start, min(start + self.spec.max_chunk_tokens, self.num_tokens)
+
+    def chunk_needs_rows(self, start: int, end: int) -> bool:
+        return any(r.offset < end and start < r.end for r in self.spec.ranges)
 
     def token_at(self, position: int) -> int:
         prompt = self.spec.prompt_token_ids
-        return (
-            prompt[position]
-            if position < len(prompt)
-            else self.output_token_ids[position - len(prompt)]
-        )
+        if position < len(prompt):
+            return prompt[position]
+        return self.output_token_ids[position - len(prompt)]

@@ -8,7 +8,7 @@ from decoder_service.config import DecoderConfig
 from decoder_service.embedding_client import FetchError
 from decoder_service.engine import Engine
 from decoder_service.request import Finished, FinishReason, RequestStats, SampledToken
-from decoder_service.spec import spec_from_proto
+from decoder_service.spec import check_fits, spec_from_proto
 from tessera.server import abort_unless_ready
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
 
@@ -34,6 +34,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServiceServicer):
                 self.config.max_chunk_tokens,
                 self.config.default_max_tokens,
             )
+            check_fits(spec, engine.scheduler.kv)
         except ValueError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         try:
@@ -46,6 +47,33 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         except ValueError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+    async def GetStats(self, request, context):
+        await abort_unless_ready(context, self.engine is not None)
+        return engine_stats_to_proto(self.engine)
+
+
+def engine_stats_to_proto(engine: Engine) -> decoder_pb2.DecoderStats:
+    scheduler, counters = engine.scheduler, engine.counters
+    kv = scheduler.kv.stats()
+    return decoder_pb2.DecoderStats(
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        num_kv_blocks=kv.num_blocks,
+        num_free_kv_blocks=kv.num_free_blocks,
+        num_cached_kv_blocks=kv.num_cached_blocks,
+        kv_block_size=scheduler.kv.block_size,
+        num_prefix_queries=kv.num_prefix_queries,
+        num_prefix_hit_blocks=kv.num_prefix_hit_blocks,
+        num_preemptions=scheduler.num_preemptions,
+        num_steps=counters.num_steps,
+        num_batched_tokens=counters.num_batched_tokens,
+        forward_seconds=counters.forward_seconds,
+        fetch_wait_seconds=counters.fetch_wait_seconds,
+        num_prefetch_pending_bytes=engine.prefetcher.num_pending_bytes,
+        num_finished=counters.num_finished,
+        num_aborted=counters.num_aborted,
+    )
 
 
 def token_batch_to_proto(tokens: list[SampledToken]) -> decoder_pb2.TokenBatch:
@@ -78,6 +106,8 @@ def stats_to_proto(stats: RequestStats) -> decoder_pb2.DecodeStats:
         num_reencoded_items=stats.num_reencoded_items,
         fetch_wait_ms=stats.fetch_wait_seconds * 1000,
         time_to_first_token_ms=(stats.time_to_first_token_seconds or 0) * 1000,
+        num_cached_prompt_tokens=stats.num_cached_prompt_tokens,
+        num_preemptions=stats.num_preemptions,
     )
 
 
@@ -85,7 +115,9 @@ def finished_to_proto(event: Finished) -> decoder_pb2.DecodeFinished:
     return decoder_pb2.DecodeFinished(
         finish_reason=_FINISH_REASON_TO_PROTO[event.reason],
         usage=common_pb2.Usage(
-            prompt_tokens=event.num_prompt_tokens, completion_tokens=event.num_output_tokens
+            prompt_tokens=event.num_prompt_tokens,
+            completion_tokens=event.num_output_tokens,
+            cached_prompt_tokens=event.stats.num_cached_prompt_tokens,
         ),
         stats=stats_to_proto(event.stats),
     )

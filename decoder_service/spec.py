@@ -3,6 +3,7 @@ ValueError whose message says what to fix."""
 
 from __future__ import annotations
 
+from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
 from decoder_service.sampler import MAX_TOP_LOGPROBS
 from tessera.adapters import ModelFamily
@@ -79,4 +80,16 @@ def spec_from_proto(
             message.sampling, default_max_tokens, max_model_len - len(prompt)
         ),
         max_chunk_tokens=min(chunk, max_chunk_tokens) if chunk else max_chunk_tokens,
+        cache_salt=message.cache_salt,
     )
+
+
+def check_fits(spec: DecodeSpec, kv: KVCacheManager) -> None:
+    """Refuses a request that could never fit in the whole KV cache."""
+    num_tokens = len(spec.prompt_token_ids) + spec.sampling.max_tokens
+    if kv.blocks_for(num_tokens) > kv.num_blocks:
+        raise ValueError(
+            f"prompt + max_tokens = {num_tokens} tokens need more than the decoder's whole "
+            f"KV cache ({kv.num_blocks * kv.block_size} tokens): lower max_tokens or shorten "
+            "the prompt"
+        )

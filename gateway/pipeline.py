@@ -31,6 +31,7 @@ class GenerationRequest:
     sampling: common_pb2.SamplingParams
     max_chunk_tokens: int
     timeout_seconds: float | None
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class GenerationPipeline:
             ],
             sampling=request.sampling,
             max_chunk_tokens=request.max_chunk_tokens,
+            cache_salt=request.cache_salt,
         )
 
     async def _encode_all(self, request_id: str, items: Sequence[PromptItem]) -> list:

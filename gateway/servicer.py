@@ -30,6 +30,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 sampling=request.sampling,
                 max_chunk_tokens=request.max_chunk_tokens,
                 timeout_seconds=context.time_remaining(),
+                cache_salt=request.cache_salt,
             )
             async for event in self.pipeline.run(generation):
                 if isinstance(event, TextEvent):

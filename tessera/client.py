@@ -64,12 +64,14 @@ class Client:
         sampling: common_pb2.SamplingParams | None = None,
         max_chunk_tokens: int = 0,
         request_id: str = "",
+        cache_salt: str = "",
     ) -> Iterator[gateway_pb2.GenerateResponse]:
         request = gateway_pb2.GenerateRequest(
             request_id=request_id,
             messages=[m.to_proto() for m in messages],
             sampling=sampling or common_pb2.SamplingParams(),
             max_chunk_tokens=max_chunk_tokens,
+            cache_salt=cache_salt,
         )
         yield from self._stub.Generate(request, timeout=self.timeout_seconds)
 
@@ -79,10 +81,11 @@ class Client:
         sampling: common_pb2.SamplingParams | None = None,
         max_chunk_tokens: int = 0,
         request_id: str = "",
+        cache_salt: str = "",
     ) -> Completion:
         text: list[str] = []
         logprobs: list[common_pb2.TokenLogprobs] = []
-        for response in self.stream(messages, sampling, max_chunk_tokens, request_id):
+        for response in self.stream(messages, sampling, max_chunk_tokens, request_id, cache_salt):
             if response.HasField("delta"):
                 text.append(response.delta.text)
                 logprobs += response.delta.logprobs

@@ -32,6 +32,18 @@ class LoadOptions:
     parts: ModelPart
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    # A name registered with transformers' AttentionInterface for the language model
+    # (the decoder's paged attention); None keeps the model's default.
+    text_attention: str | None = None
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What one token's K/V take in each layer."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
 
 
 # A chat message in the transformers chat-template shape:
@@ -81,13 +93,13 @@ class ModelFamily(Protocol):
         shape the language model takes for a batch of one."""
         ...
 
-    def new_kv_cache(self) -> Any: ...
+    def kv_shape(self) -> KVShape: ...
 
     def forward(
-        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, kv_cache: Any
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, **attention_kwargs: Any
     ) -> torch.Tensor:
-        """Runs `[n, hidden]` embeddings through the language model, appending to the cache;
-        returns the `[n, hidden]` final hidden states."""
+        """Runs `[n, hidden]` packed embeddings through the language model; the keyword
+        arguments reach the attention function. Returns `[n, hidden]` final hidden states."""
         ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoProcessor, DynamicCache, LlavaForConditionalGeneration
+from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-from tessera.adapters.base import ChatMessageDict, LoadOptions, ModelPart
+from tessera.adapters.base import ChatMessageDict, KVShape, LoadOptions, ModelPart
 from tessera.hashing import model_fingerprint
 from tessera.media import DecodedImage
 from tessera.placeholders import Modality, PlaceholderRange
@@ -49,7 +49,12 @@ class LlavaFamily:
         wanted = options.parts & (ModelPart.MEDIA_ENCODER | ModelPart.LANGUAGE_MODEL)
         if not wanted:
             return None
-        model = LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=options.dtype)
+        attention = None
+        if options.text_attention:
+            attention = {"text_config": options.text_attention, "vision_config": "sdpa", "": "sdpa"}
+        model = LlavaForConditionalGeneration.from_pretrained(
+            model_dir, dtype=options.dtype, attn_implementation=attention
+        )
         # Drop what this process will never run, so its memory is returned.
         if ModelPart.MEDIA_ENCODER not in options.parts:
             model.model.vision_tower = None
@@ -103,18 +108,20 @@ class LlavaFamily:
         # LLaVA uses plain 1-D positions: an image row is one ordinary position.
         return torch.arange(start, end, device=self.device).unsqueeze(0)
 
-    def new_kv_cache(self) -> DynamicCache:
-        return DynamicCache(config=self._config.text_config)
+    def kv_shape(self) -> KVShape:
+        text = self._config.text_config
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        return KVShape(text.num_hidden_layers, text.num_key_value_heads, head_dim)
 
     @torch.inference_mode()
     def forward(
-        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, kv_cache: Any
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, **attention_kwargs: Any
     ) -> torch.Tensor:
         output = self._language_model()(
             inputs_embeds=inputs_embeds.unsqueeze(0),
             position_ids=position_ids,
-            cache=kv_cache,
-            use_cache=True,
+            use_cache=False,
+            **attention_kwargs,
         )
         return output.last_hidden_state[0]
 

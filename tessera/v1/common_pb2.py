@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tessera/v1/common.proto\x12\ntessera.v1\"W\n\tMediaItem\x12&\n\x08modality\x18\x01 \x01(\x0e\x32\x14.tessera.v1.Modality\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_hash\x18\x03 \x01(\t\"p\n\x10PlaceholderRange\x12&\n\x08modality\x18\x01 \x01(\x0e\x32\x14.tessera.v1.Modality\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\r\x12\x0e\n\x06length\x18\x04 \x01(\r\"9\n\x0bTensorBytes\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb9\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x18\n\x10num_top_logprobs\x18\x08 \x01(\rB\x07\n\x05_seed\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"W\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12#\n\x03top\x18\x03 \x03(\x0b\x32\x16.tessera.v1.TopLogprob\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r*L\n\x08Modality\x12\x18\n\x14MODALITY_UNSPECIFIED\x10\x00\x12\x12\n\x0eMODALITY_IMAGE\x10\x01\x12\x12\n\x0eMODALITY_AUDIO\x10\x02*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tessera/v1/common.proto\x12\ntessera.v1\"W\n\tMediaItem\x12&\n\x08modality\x18\x01 \x01(\x0e\x32\x14.tessera.v1.Modality\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_hash\x18\x03 \x01(\t\"p\n\x10PlaceholderRange\x12&\n\x08modality\x18\x01 \x01(\x0e\x32\x14.tessera.v1.Modality\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\r\x12\x0e\n\x06length\x18\x04 \x01(\r\"9\n\x0bTensorBytes\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb9\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x18\n\x10num_top_logprobs\x18\x08 \x01(\rB\x07\n\x05_seed\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"W\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12#\n\x03top\x18\x03 \x03(\x0b\x32\x16.tessera.v1.TopLogprob\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r*L\n\x08Modality\x12\x18\n\x14MODALITY_UNSPECIFIED\x10\x00\x12\x12\n\x0eMODALITY_IMAGE\x10\x01\x12\x12\n\x0eMODALITY_AUDIO\x10\x02*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tessera.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODALITY']._serialized_start=686
-  _globals['_MODALITY']._serialized_end=762
-  _globals['_FINISHREASON']._serialized_start=764
-  _globals['_FINISHREASON']._serialized_end=859
+  _globals['_MODALITY']._serialized_start=716
+  _globals['_MODALITY']._serialized_end=792
+  _globals['_FINISHREASON']._serialized_start=794
+  _globals['_FINISHREASON']._serialized_end=889
   _globals['_MEDIAITEM']._serialized_start=39
   _globals['_MEDIAITEM']._serialized_end=126
   _globals['_PLACEHOLDERRANGE']._serialized_start=128
@@ -48,5 +48,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENLOGPROBS']._serialized_start=538
   _globals['_TOKENLOGPROBS']._serialized_end=625
   _globals['_USAGE']._serialized_start=627
-  _globals['_USAGE']._serialized_end=684
+  _globals['_USAGE']._serialized_end=714
 # @@protoc_insertion_point(module_scope)

@@ -40,6 +40,11 @@ class DecoderServiceStub:
                 request_serializer=tessera_dot_v1_dot_decoder__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=tessera_dot_v1_dot_decoder__pb2.DecodeResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/tessera.v1.DecoderService/GetStats',
+                request_serializer=tessera_dot_v1_dot_decoder__pb2.GetDecoderStatsRequest.SerializeToString,
+                response_deserializer=tessera_dot_v1_dot_decoder__pb2.DecoderStats.FromString,
+                _registered_method=True)
 
 
 class DecoderServiceServicer:
@@ -53,6 +58,13 @@ class DecoderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Counters and gauges of the engine since it started.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecoderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +72,11 @@ def add_DecoderServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=tessera_dot_v1_dot_decoder__pb2.DecodeRequest.FromString,
                     response_serializer=tessera_dot_v1_dot_decoder__pb2.DecodeResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=tessera_dot_v1_dot_decoder__pb2.GetDecoderStatsRequest.FromString,
+                    response_serializer=tessera_dot_v1_dot_decoder__pb2.DecoderStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +107,33 @@ class DecoderService:
             '/tessera.v1.DecoderService/Generate',
             tessera_dot_v1_dot_decoder__pb2.DecodeRequest.SerializeToString,
             tessera_dot_v1_dot_decoder__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.v1.DecoderService/GetStats',
+            tessera_dot_v1_dot_decoder__pb2.GetDecoderStatsRequest.SerializeToString,
+            tessera_dot_v1_dot_decoder__pb2.DecoderStats.FromString,
             options,
             channel_credentials,
             insecure,

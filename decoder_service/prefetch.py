@@ -1,0 +1,94 @@
+"""Fetching embedding rows for the chunks ahead of each request, bounded in bytes.
+
+As soon as a request runs, the rows of its next chunks are requested in the background,
+so that when the scheduler reaches a chunk its rows are usually there already and the
+forward does not wait. The bound counts rows requested and not yet consumed by a
+forward, over all requests; a request's next chunk is always allowed, so the bound
+cannot deadlock. Rows are dropped as soon as the chunk's forward has been built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from decoder_service.embedding_client import EmbeddingClient, FetchedRows
+from decoder_service.request import RequestState
+from tessera.placeholders import slices_for_chunk
+
+
+class Prefetcher:
+    def __init__(self, embeddings: EmbeddingClient, max_bytes: int, row_bytes: int):
+        self.embeddings = embeddings
+        self.max_bytes = max_bytes
+        self.row_bytes = row_bytes
+        self.num_pending_bytes = 0
+        self._chunk_bytes: dict[asyncio.Task, int] = {}
+
+    def plan(self, request: RequestState) -> None:
+        """Starts fetches for the request's chunks ahead, while the bound allows."""
+        position = request.num_computed_tokens
+        first = True
+        while position < request.num_prompt_tokens:
+            chunk = request.next_chunk(position)
+            assert chunk is not None
+            slices = slices_for_chunk(request.spec.ranges, *chunk)
+            if slices and chunk not in request.fetches:
+                num_bytes = sum(s.num_rows for s in slices) * self.row_bytes
+                if not first and self.num_pending_bytes + num_bytes > self.max_bytes:
+                    return
+                task = asyncio.create_task(
+                    self.embeddings.fetch_chunk(request.request_id, request.spec.items, slices)
+                )
+                request.fetches[chunk] = task
+                self._chunk_bytes[task] = num_bytes
+                self.num_pending_bytes += num_bytes
+            first = False
+            position = chunk[1]
+
+    def refresh(self, request: RequestState, now: float) -> BaseException | None:
+        """Marks which pending chunks have their rows; returns a fetch's error, if any.
+        Also accounts the time the request's next chunk has been waiting for rows."""
+        request.ready_chunks = set()
+        for chunk, task in request.fetches.items():
+            if task.done():
+                if task.cancelled():
+                    return RuntimeError("an embedding fetch was cancelled")
+                if task.exception() is not None:
+                    return task.exception()
+                request.ready_chunks.add(chunk)
+        chunk = request.next_chunk()
+        blocked = (
+            chunk is not None
+            and request.chunk_needs_rows(*chunk)
+            and chunk not in request.ready_chunks
+        )
+        if blocked and request.blocked_since is None:
+            request.blocked_since = now
+        elif not blocked and request.blocked_since is not None:
+            request.stats.fetch_wait_seconds += now - request.blocked_since
+            request.blocked_since = None
+        return None
+
+    def take(self, request: RequestState, start: int, end: int) -> list[FetchedRows]:
+        """The rows of a scheduled chunk (which the scheduler saw ready)."""
+        task = request.fetches.pop((start, end), None)
+        if task is None:
+            return []
+        self._release(task)
+        return task.result()
+
+    def drop(self, request: RequestState) -> None:
+        """Cancels and forgets every fetch of a request (finished or preempted)."""
+        for task in request.fetches.values():
+            task.cancel()
+            # A fetch that failed before the cancel: its error no longer matters.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._release(task)
+        request.fetches.clear()
+        request.ready_chunks.clear()
+
+    def pending_tasks(self, requests: list[RequestState]) -> list[asyncio.Task]:
+        return [t for r in requests for t in r.fetches.values() if not t.done()]
+
+    def _release(self, task: asyncio.Task) -> None:
+        self.num_pending_bytes -= self._chunk_bytes.pop(task, 0)
