@@ -42,6 +42,7 @@ log = logging.getLogger("tessera.decoder")
 class EngineCounters:
     num_steps: int = 0
     num_batched_tokens: int = 0
+    num_scheduled_requests: int = 0
     forward_seconds: float = 0.0
     fetch_wait_seconds: float = 0.0  # no work could run: every pending chunk awaited rows
     num_finished: int = 0
@@ -136,6 +137,7 @@ class Engine:
         self.counters.forward_seconds += time.monotonic() - started
         self.counters.num_steps += 1
         self.counters.num_batched_tokens += output.num_tokens
+        self.counters.num_scheduled_requests += len(output.work)
         for item, request_logits in zip(inputs, logits, strict=True):
             self._postprocess(item.work, request_logits)
 

@@ -73,6 +73,7 @@ def engine_stats_to_proto(engine: Engine) -> decoder_pb2.DecoderStats:
         num_prefetch_pending_bytes=engine.prefetcher.num_pending_bytes,
         num_finished=counters.num_finished,
         num_aborted=counters.num_aborted,
+        num_scheduled_requests=counters.num_scheduled_requests,
     )
 
 
