@@ -23,6 +23,7 @@ class DecoderConfig:
     fetch_timeout_seconds: float
     lease_ms: int
     kv_cache_bytes: int
+    kv_cache_memory_fraction: float
     block_size: int
     enable_prefix_caching: bool
     max_prefetch_bytes: int
@@ -39,6 +40,8 @@ class DecoderConfig:
             raise SystemExit("--max-num-batched-tokens must be >= --max-chunk-tokens")
         if config.block_size < 1 or config.kv_cache_bytes < 1:
             raise SystemExit("--block-size and --kv-cache-bytes must be positive")
+        if not 0 <= config.kv_cache_memory_fraction < 1:
+            raise SystemExit("--kv-cache-memory-fraction must be in [0, 1)")
         return config
 
 
@@ -78,6 +81,13 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1 << 30,
         help="memory for the paged KV cache; the number of blocks is logged at start",
+    )
+    parser.add_argument(
+        "--kv-cache-memory-fraction",
+        type=float,
+        default=0.0,
+        help="if > 0, size the KV cache as this fraction of the device's total memory "
+        "instead of --kv-cache-bytes",
     )
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     parser.add_argument(

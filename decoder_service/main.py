@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 import torch
 
@@ -31,17 +32,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
+def kv_cache_bytes(config: DecoderConfig, device: torch.device) -> int:
+    """--kv-cache-bytes, or --kv-cache-memory-fraction of the device's memory."""
+    if not config.kv_cache_memory_fraction:
+        return config.kv_cache_bytes
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(total * config.kv_cache_memory_fraction)
+
+
 def build_engine(config: DecoderConfig, family: ModelFamily) -> Engine:
     max_model_len = min(config.max_model_len or family.max_model_len, family.max_model_len)
     shape = family.kv_shape()
     bytes_per_block = PagedKVStore.bytes_per_block(
         shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, family.dtype
     )
-    num_blocks = config.kv_cache_bytes // bytes_per_block
+    num_blocks = kv_cache_bytes(config, family.device) // bytes_per_block
     if num_blocks < 1:
-        raise SystemExit(
-            f"--kv-cache-bytes {config.kv_cache_bytes} holds no block ({bytes_per_block} B)"
-        )
+        raise SystemExit(f"the KV cache budget holds no block of {bytes_per_block} B")
     log.info(
         "KV cache: %d blocks of %d tokens (%d B each, %d tokens in all)",
         num_blocks,
