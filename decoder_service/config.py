@@ -36,8 +36,14 @@ class DecoderConfig:
         config = cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
         if config.max_chunk_tokens < 1:
             raise SystemExit("--max-chunk-tokens must be >= 1")
-        if config.max_num_batched_tokens < config.max_chunk_tokens:
-            raise SystemExit("--max-num-batched-tokens must be >= --max-chunk-tokens")
+        # With room for one chunk beside every other request's decode, the oldest prompt
+        # always gets its chunk: no prompt starves behind a stream of short requests.
+        needed = config.max_chunk_tokens + config.max_num_seqs - 1
+        if config.max_num_batched_tokens < needed:
+            raise SystemExit(
+                f"--max-num-batched-tokens must be >= --max-chunk-tokens + --max-num-seqs - 1 "
+                f"({needed}), so a prompt chunk always fits beside the running decodes"
+            )
         if config.block_size < 1 or config.kv_cache_bytes < 1:
             raise SystemExit("--block-size and --kv-cache-bytes must be positive")
         if not 0 <= config.kv_cache_memory_fraction < 1:

@@ -121,10 +121,11 @@ class KVCacheManager:
     def allocate(self, request_id: str, num_tokens: int) -> bool:
         """Grows the request's table to hold `num_tokens`; False (and no change) if the
         free list is too short."""
-        table = self._tables.setdefault(request_id, [])
+        table = self._tables.get(request_id, [])
         missing = self.blocks_for(num_tokens) - len(table)
         if missing > self.num_free_blocks:
             return False
+        self._tables[request_id] = table
         for _ in range(missing):
             block_id, _ = self._free.popitem(last=False)
             block = self._blocks[block_id]

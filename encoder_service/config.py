@@ -19,6 +19,15 @@ class EncoderConfig:
     cache_bytes: int
     default_lease_ms: int
     max_batch_items: int
+    max_batch_wait_ms: float
+    redis_url: str | None
+    redis_cluster: bool
+    redis_ttl_seconds: float
+    redis_timeout_seconds: float
+    redis_max_connections: int
+    compute_lease_ms: int
+    remote_wait_seconds: float
+    replica_id: str | None
     max_image_pixels: int
     slice_message_bytes: int
     drain_seconds: float
@@ -47,6 +56,45 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-batch-items", type=int, default=16, help="most items in one encoder forward"
+    )
+    parser.add_argument(
+        "--max-batch-wait-ms",
+        type=float,
+        default=2.0,
+        help="how long a batch waits for more items after its first one",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=env_default("TESSERA_REDIS_URL", None),
+        help="shared L2 cache, e.g. redis://redis:6379/0 (off by default; env TESSERA_REDIS_URL)",
+    )
+    parser.add_argument(
+        "--redis-cluster", action="store_true", help="--redis-url names a Redis Cluster node"
+    )
+    parser.add_argument(
+        "--redis-ttl-seconds", type=float, default=3600.0, help="expiry of every cached item"
+    )
+    parser.add_argument(
+        "--redis-timeout-seconds",
+        type=float,
+        default=0.5,
+        help="deadline of one Redis call; slower means unreachable (serve without it)",
+    )
+    parser.add_argument("--redis-max-connections", type=int, default=32)
+    parser.add_argument(
+        "--compute-lease-ms",
+        type=int,
+        default=30_000,
+        help="how long a replica may hold the fleet-wide right to compute an item",
+    )
+    parser.add_argument(
+        "--remote-wait-seconds",
+        type=float,
+        default=10.0,
+        help="how long to wait for another replica's computation before computing here",
+    )
+    parser.add_argument(
+        "--replica-id", default=None, help="name in compute leases (default: host:port)"
     )
     parser.add_argument(
         "--max-image-pixels",

@@ -1,8 +1,11 @@
-"""The encoder's core: compute each item once, cache it, serve row ranges of it.
+"""The encoder's core: compute each item once across the fleet, cache it, serve row
+ranges of it.
 
-Single-flight: the first request for a content hash computes it; any request for the same
-hash that arrives meanwhile (an Encode, or a slice request from a decoder) waits on the
-same future instead of computing again.
+Where an item's rows come from, in order: this replica's memory (L1); a computation
+already running here (single-flight: every request for the hash awaits the same task);
+Redis (L2, shared by every replica); a computation on another replica (a short Redis
+lease says one is running: wait for its result, up to a timeout); finally computing it
+here, batched with whatever else is being encoded.
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
+from encoder_service.batcher import Batcher
 from encoder_service.memory_store import Lease, MemoryStore
 from tessera.adapters import ModelFamily
 from tessera.hashing import is_content_hash
-from tessera.media import DecodedImage, MediaError, decode_image
+from tessera.media import MediaError, decode_image
 from tessera.placeholders import Modality
 from tessera.tensor_codec import RowBlock, encode_rows
 
@@ -29,13 +33,14 @@ class InvalidItemError(ValueError):
 
 
 class UnknownItemError(LookupError):
-    """A slice request names an item this encoder does not have."""
+    """A slice request names an item this encoder cannot find anywhere."""
 
 
 class Source(Enum):
     COMPUTED = "computed"
     MEMORY = "memory"
     JOINED = "joined"
+    REDIS = "redis"
 
 
 @dataclass(frozen=True)
@@ -66,16 +71,31 @@ class EncoderCounters:
     num_items_requested: int = 0
     num_items_computed: int = 0
     num_memory_hits: int = 0
+    num_redis_hits: int = 0
     num_joined_in_flight: int = 0
+    num_remote_waits: int = 0
     num_slice_misses: int = 0
     num_bytes_served: int = 0
-    num_batches: int = 0
 
 
-@dataclass
-class _Batch:
-    items: list[EncodeItem] = field(default_factory=list)
-    futures: list[asyncio.Future[RowBlock]] = field(default_factory=list)
+class SharedStore(Protocol):
+    """The L2 cache shared by replicas (encoder_service.redis_store.RedisStore)."""
+
+    async def get(self, content_hash: str) -> RowBlock | None: ...
+    async def get_rows(self, content_hash: str, start: int, end: int) -> RowBlock | None: ...
+    async def put(self, content_hash: str, block: RowBlock) -> bool: ...
+    async def try_lease(self, content_hash: str, owner: str, ttl_ms: int) -> bool: ...
+    async def release_lease(self, content_hash: str, owner: str) -> None: ...
+    async def wait_for(self, content_hash: str, timeout_s: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """How this replica coordinates with the others through the shared store."""
+
+    replica_id: str
+    compute_lease_ms: int
+    remote_wait_seconds: float
 
 
 class EncoderCore:
@@ -84,85 +104,135 @@ class EncoderCore:
         family: ModelFamily,
         store: MemoryStore,
         max_batch_items: int,
+        max_batch_wait_ms: float,
         max_image_pixels: int,
+        shared: SharedStore | None = None,
+        fleet: FleetSettings | None = None,
     ):
         self.family = family
         self.store = store
-        self.max_batch_items = max_batch_items
         self.max_image_pixels = max_image_pixels
+        self.shared = shared
+        self.fleet = fleet or FleetSettings("local", 30_000, 10.0)
         self.counters = EncoderCounters()
-        self._in_flight: dict[str, asyncio.Future[RowBlock]] = {}
-        # One model thread: concurrent forwards would only fight over the same cores.
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        self.batcher: Batcher[EncodeItem, RowBlock] = Batcher(
+            self._encode_batch, max_batch_items, max_batch_wait_ms
+        )
+        self._in_flight: dict[str, asyncio.Task[tuple[RowBlock, Source]]] = {}
 
     async def encode(self, items: Sequence[EncodeItem], lease: Lease | None) -> list[EncodeResult]:
-        """Rows for every item, computing only those neither cached nor in flight."""
+        """Rows for every item; each unique item is looked up or computed once."""
         for item in items:
             self._check_item(item)
         self.counters.num_items_requested += len(items)
-        sources: dict[str, Source] = {}
-        waits: dict[str, asyncio.Future[RowBlock]] = {}
-        batch = _Batch()
-        for item in items:
-            if item.content_hash in sources:
-                continue
-            if self.store.get(item.content_hash, lease) is not None:
-                sources[item.content_hash] = Source.MEMORY
-                self.counters.num_memory_hits += 1
-            elif item.content_hash in self._in_flight:
-                sources[item.content_hash] = Source.JOINED
-                waits[item.content_hash] = self._in_flight[item.content_hash]
-                self.counters.num_joined_in_flight += 1
-            else:
-                sources[item.content_hash] = Source.COMPUTED
-                future = asyncio.get_running_loop().create_future()
-                self._in_flight[item.content_hash] = future
-                waits[item.content_hash] = future
-                batch.items.append(item)
-                batch.futures.append(future)
-        if batch.items:
-            await self._compute(batch, lease)
-        blocks = {name: await future for name, future in waits.items()}
-        for name, block in blocks.items():
-            # put() re-inserts an entry that was evicted between compute and now.
-            self.store.put(name, block, lease)
-        return [
-            EncodeResult(
-                item.content_hash,
-                blocks.get(item.content_hash) or self.store.get(item.content_hash),
-                sources[item.content_hash],
-            )
-            for item in items
-        ]
+        unique = list({item.content_hash: item for item in items}.values())
+        # Every lookup starts before the first await, so a slice request arriving right
+        # behind this Encode finds the computation in flight; items that need computing
+        # then share one batch.
+        pending = [self._start(item, lease) for item in unique]
+        found = await asyncio.gather(*pending)
+        outcomes = {item.content_hash: outcome for item, outcome in zip(unique, found, strict=True)}
+        return [EncodeResult(i.content_hash, *outcomes[i.content_hash]) for i in items]
+
+    def _start(self, item: EncodeItem, lease: Lease | None) -> asyncio.Future:
+        """A future of (rows, source) for one item; never waits."""
+        name = item.content_hash
+        block = self.store.get(name, lease)
+        if block is not None:
+            self.counters.num_memory_hits += 1
+            done = asyncio.get_running_loop().create_future()
+            done.set_result((block, Source.MEMORY))
+            return done
+        task = self._in_flight.get(name)
+        if task is not None:
+            self.counters.num_joined_in_flight += 1
+            return asyncio.ensure_future(self._finish(name, task, lease, Source.JOINED))
+        task = asyncio.create_task(self._resolve(item))
+        self._in_flight[name] = task
+        task.add_done_callback(self._forget)
+        return asyncio.ensure_future(self._finish(name, task, lease, None))
+
+    async def _finish(
+        self, name: str, task: asyncio.Task, lease: Lease | None, source: Source | None
+    ) -> tuple[RowBlock, Source]:
+        # Shielded: a cancelled request must not cancel a computation others share.
+        block, resolved = await asyncio.shield(task)
+        # put() re-inserts an entry evicted since, and pins it for this request.
+        self.store.put(name, block, lease)
+        return block, source or resolved
+
+    def _forget(self, task: asyncio.Task) -> None:
+        for name, running in list(self._in_flight.items()):
+            if running is task:
+                del self._in_flight[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: waiters that were cancelled will not see it
+
+    async def _resolve(self, item: EncodeItem) -> tuple[RowBlock, Source]:
+        """Runs once per content hash at a time on this replica."""
+        name = item.content_hash
+        shared, fleet = self.shared, self.fleet
+        if shared is None:
+            return await self._compute(item), Source.COMPUTED
+        block = await shared.get(name)
+        if block is None and not await shared.try_lease(
+            name, fleet.replica_id, fleet.compute_lease_ms
+        ):
+            # Another replica is computing it: its result will land in the shared store.
+            self.counters.num_remote_waits += 1
+            if await shared.wait_for(name, fleet.remote_wait_seconds):
+                block = await shared.get(name)
+        if block is not None:
+            self.counters.num_redis_hits += 1
+            self.store.put(name, block)
+            return block, Source.REDIS
+        try:
+            block = await self._compute(item)
+            await shared.put(name, block)
+        finally:
+            await shared.release_lease(name, fleet.replica_id)
+        return block, Source.COMPUTED
+
+    async def _compute(self, item: EncodeItem) -> RowBlock:
+        block = await self.batcher.submit(item)
+        self.counters.num_items_computed += 1
+        self.store.put(item.content_hash, block)
+        return block
 
     async def resolve_slices(
         self, requests: Sequence[RowRequest], lease: Lease | None
     ) -> list[RowBlock]:
-        """The rows of each request, after an encode in flight finishes if need be.
-
-        Raises UnknownItemError for an item neither cached nor in flight, ValueError for
-        rows outside the item; nothing is streamed until every request is resolved.
-        """
+        """The rows of each request: from memory, an encode in flight, or Redis (only the
+        rows asked for). Raises UnknownItemError for an item found nowhere, ValueError for
+        rows outside the item; nothing is streamed until every request is resolved."""
         blocks = []
         for request in requests:
             if not is_content_hash(request.content_hash):
                 raise ValueError(f"{request.content_hash!r} is not a content hash")
-            block = self.store.get(request.content_hash, lease)
-            if block is None and request.content_hash in self._in_flight:
-                block = await self._in_flight[request.content_hash]
-                self.store.put(request.content_hash, block, lease)
-            if block is None:
-                self.counters.num_slice_misses += 1
-                raise UnknownItemError(
-                    f"item {request.content_hash} is not on this encoder; Encode it first"
-                )
-            if not 0 <= request.start < request.end <= block.num_rows:
-                raise ValueError(
-                    f"rows [{request.start}, {request.end}) are outside item "
-                    f"{request.content_hash}, which has rows [0, {block.num_rows})"
-                )
-            blocks.append(block.rows(request.start, request.end))
+            if request.start >= request.end:
+                raise ValueError(f"rows [{request.start}, {request.end}) are empty")
+            blocks.append(await self._rows(request, lease))
         return blocks
+
+    async def _rows(self, request: RowRequest, lease: Lease | None) -> RowBlock:
+        name = request.content_hash
+        block = self.store.get(name, lease)
+        if block is None and name in self._in_flight:
+            block, _ = await asyncio.shield(self._in_flight[name])
+            self.store.put(name, block, lease)
+        if block is not None:
+            if request.end > block.num_rows:
+                raise ValueError(
+                    f"rows [{request.start}, {request.end}) are outside item {name}, "
+                    f"which has rows [0, {block.num_rows})"
+                )
+            return block.rows(request.start, request.end)
+        rows = await self.shared.get_rows(name, request.start, request.end) if self.shared else None
+        if rows is None:
+            self.counters.num_slice_misses += 1
+            raise UnknownItemError(f"item {name} is not on this encoder; Encode it first")
+        self.counters.num_redis_hits += 1
+        return rows
 
     def release(self, owner: str, content_hashes: Sequence[str] | None) -> int:
         return self.store.release(owner, content_hashes)
@@ -178,38 +248,10 @@ class EncoderCore:
                 f"not {item.modality.value}"
             )
 
-    async def _compute(self, batch: _Batch, lease: Lease | None) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            for start in range(0, len(batch.items), self.max_batch_items):
-                items = batch.items[start : start + self.max_batch_items]
-                futures = batch.futures[start : start + self.max_batch_items]
-                outcomes = await loop.run_in_executor(self._model_thread, self._encode_batch, items)
-                self.counters.num_batches += 1
-                for item, future, outcome in zip(items, futures, outcomes, strict=True):
-                    if isinstance(outcome, Exception):
-                        future.set_exception(outcome)
-                    else:
-                        self.counters.num_items_computed += 1
-                        self.store.put(item.content_hash, outcome, lease)
-                        future.set_result(outcome)
-        except BaseException as error:  # the model failed: every waiter must hear of it
-            for future in batch.futures:
-                if not future.done():
-                    future.set_exception(RuntimeError(f"encoding failed: {error}"))
-            raise
-        finally:
-            for item in batch.items:
-                self._in_flight.pop(item.content_hash, None)
-            for future in batch.futures:
-                # Joiners retrieve errors; this keeps asyncio from logging them twice.
-                if future.done() and not future.cancelled():
-                    future.exception()
-
     def _encode_batch(self, items: Sequence[EncodeItem]) -> list[RowBlock | Exception]:
         """Runs on the model thread: decode, verify each hash, one forward for the rest."""
         outcomes: list[RowBlock | Exception] = []
-        decoded: list[tuple[int, DecodedImage]] = []
+        decoded = []
         for index, item in enumerate(items):
             try:
                 image = decode_image(item.data, self.max_image_pixels)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 
 import torch
 
 from encoder_service.config import EncoderConfig, add_encoder_flags
-from encoder_service.encoder import EncoderCore
+from encoder_service.encoder import EncoderCore, FleetSettings
 from encoder_service.memory_store import MemoryStore
 from encoder_service.servicer import EncoderServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
-from tessera.server import configure_logging, serve, service_spec
+from tessera.server import configure_logging, redact, serve, service_spec
 from tessera.v1 import encoder_pb2_grpc
 
 
@@ -34,11 +35,37 @@ async def run(config: EncoderConfig) -> None:
         family = await asyncio.to_thread(
             load_family, config.model, options, config.model_fingerprint
         )
-        store = MemoryStore(config.cache_bytes)
-        servicer.core = EncoderCore(family, store, config.max_batch_items, config.max_image_pixels)
+        shared = None
+        if config.redis_url:
+            from encoder_service.redis_store import RedisStore
+
+            shared = RedisStore(
+                config.redis_url,
+                family.fingerprint,
+                ttl_seconds=config.redis_ttl_seconds,
+                timeout_seconds=config.redis_timeout_seconds,
+                max_connections=config.redis_max_connections,
+                cluster=config.redis_cluster,
+            )
+        fleet = FleetSettings(
+            config.replica_id or f"{socket.gethostname()}:{config.port}",
+            config.compute_lease_ms,
+            config.remote_wait_seconds,
+        )
+        servicer.core = EncoderCore(
+            family,
+            MemoryStore(config.cache_bytes),
+            config.max_batch_items,
+            config.max_batch_wait_ms,
+            config.max_image_pixels,
+            shared,
+            fleet,
+        )
         return (
             f"family={family.name} fingerprint={family.fingerprint} device={config.device} "
-            f"dtype={config.dtype} cache_bytes={config.cache_bytes}"
+            f"dtype={config.dtype} cache_bytes={config.cache_bytes} "
+            f"max_batch_items={config.max_batch_items} redis={redact(config.redis_url)} "
+            f"replica={fleet.replica_id}"
         )
 
     spec = service_spec("encoder", config, "EncoderService")

@@ -23,6 +23,7 @@ _SOURCE_TO_PROTO = {
     Source.COMPUTED: encoder_pb2.ENCODE_SOURCE_COMPUTED,
     Source.MEMORY: encoder_pb2.ENCODE_SOURCE_MEMORY,
     Source.JOINED: encoder_pb2.ENCODE_SOURCE_JOINED,
+    Source.REDIS: encoder_pb2.ENCODE_SOURCE_REDIS,
 }
 
 
@@ -91,16 +92,29 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
 
     async def GetStats(self, request, context):
         await abort_unless_ready(context, self.core is not None)
-        counters, store = self.core.counters, self.core.store
-        return encoder_pb2.EncoderStats(
-            num_items_requested=counters.num_items_requested,
-            num_items_computed=counters.num_items_computed,
-            num_memory_hits=counters.num_memory_hits,
-            num_joined_in_flight=counters.num_joined_in_flight,
-            num_slice_misses=counters.num_slice_misses,
-            num_bytes_served=counters.num_bytes_served,
-            num_evictions=store.stats.num_evictions,
-            num_cached_items=len(store),
-            num_cached_bytes=store.num_bytes,
-            num_batches=counters.num_batches,
-        )
+        return stats_to_proto(self.core)
+
+
+def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
+    counters, store, batches = core.counters, core.store, core.batcher.stats
+    shared = getattr(core.shared, "stats", None)
+    return encoder_pb2.EncoderStats(
+        num_items_requested=counters.num_items_requested,
+        num_items_computed=counters.num_items_computed,
+        num_memory_hits=counters.num_memory_hits,
+        num_joined_in_flight=counters.num_joined_in_flight,
+        num_slice_misses=counters.num_slice_misses,
+        num_bytes_served=counters.num_bytes_served,
+        num_evictions=store.stats.num_evictions,
+        num_cached_items=len(store),
+        num_cached_bytes=store.num_bytes,
+        num_batches=batches.num_batches,
+        num_redis_hits=counters.num_redis_hits,
+        num_remote_waits=counters.num_remote_waits,
+        num_corrupt_entries=shared.num_corrupt if shared else 0,
+        num_redis_errors=shared.num_errors if shared else 0,
+        degraded=bool(shared and shared.degraded),
+        num_batched_items=batches.num_items,
+        max_batch_size=batches.max_batch_size,
+        redis_enabled=core.shared is not None,
+    )

@@ -50,6 +50,19 @@ def service_spec(name: str, config: Any, service_name: str) -> ServerSpec:
     )
 
 
+def redact(url: str | None) -> str:
+    """A URL fit for logs: any password replaced by ***."""
+    if not url:
+        return "off"
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True

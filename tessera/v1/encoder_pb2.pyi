@@ -14,10 +14,12 @@ class EncodeSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENCODE_SOURCE_COMPUTED: _ClassVar[EncodeSource]
     ENCODE_SOURCE_MEMORY: _ClassVar[EncodeSource]
     ENCODE_SOURCE_JOINED: _ClassVar[EncodeSource]
+    ENCODE_SOURCE_REDIS: _ClassVar[EncodeSource]
 ENCODE_SOURCE_UNSPECIFIED: EncodeSource
 ENCODE_SOURCE_COMPUTED: EncodeSource
 ENCODE_SOURCE_MEMORY: EncodeSource
 ENCODE_SOURCE_JOINED: EncodeSource
+ENCODE_SOURCE_REDIS: EncodeSource
 
 class EncodeRequest(_message.Message):
     __slots__ = ("items", "lease_owner", "lease_ms")
@@ -98,7 +100,7 @@ class GetEncoderStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EncoderStats(_message.Message):
-    __slots__ = ("num_items_requested", "num_items_computed", "num_memory_hits", "num_joined_in_flight", "num_slice_misses", "num_bytes_served", "num_evictions", "num_cached_items", "num_cached_bytes", "num_batches")
+    __slots__ = ("num_items_requested", "num_items_computed", "num_memory_hits", "num_joined_in_flight", "num_slice_misses", "num_bytes_served", "num_evictions", "num_cached_items", "num_cached_bytes", "num_batches", "num_redis_hits", "num_remote_waits", "num_corrupt_entries", "num_redis_errors", "degraded", "num_batched_items", "max_batch_size", "redis_enabled")
     NUM_ITEMS_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     NUM_ITEMS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
     NUM_MEMORY_HITS_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +111,14 @@ class EncoderStats(_message.Message):
     NUM_CACHED_ITEMS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    NUM_REDIS_HITS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REMOTE_WAITS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CORRUPT_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NUM_REDIS_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    NUM_BATCHED_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REDIS_ENABLED_FIELD_NUMBER: _ClassVar[int]
     num_items_requested: int
     num_items_computed: int
     num_memory_hits: int
@@ -119,4 +129,12 @@ class EncoderStats(_message.Message):
     num_cached_items: int
     num_cached_bytes: int
     num_batches: int
-    def __init__(self, num_items_requested: _Optional[int] = ..., num_items_computed: _Optional[int] = ..., num_memory_hits: _Optional[int] = ..., num_joined_in_flight: _Optional[int] = ..., num_slice_misses: _Optional[int] = ..., num_bytes_served: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_cached_items: _Optional[int] = ..., num_cached_bytes: _Optional[int] = ..., num_batches: _Optional[int] = ...) -> None: ...
+    num_redis_hits: int
+    num_remote_waits: int
+    num_corrupt_entries: int
+    num_redis_errors: int
+    degraded: bool
+    num_batched_items: int
+    max_batch_size: int
+    redis_enabled: bool
+    def __init__(self, num_items_requested: _Optional[int] = ..., num_items_computed: _Optional[int] = ..., num_memory_hits: _Optional[int] = ..., num_joined_in_flight: _Optional[int] = ..., num_slice_misses: _Optional[int] = ..., num_bytes_served: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_cached_items: _Optional[int] = ..., num_cached_bytes: _Optional[int] = ..., num_batches: _Optional[int] = ..., num_redis_hits: _Optional[int] = ..., num_remote_waits: _Optional[int] = ..., num_corrupt_entries: _Optional[int] = ..., num_redis_errors: _Optional[int] = ..., degraded: _Optional[bool] = ..., num_batched_items: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., redis_enabled: _Optional[bool] = ...) -> None: ...

@@ -38,7 +38,7 @@ def small(demo_model_dir, cluster):
                 "--max-num-batched-tokens",
                 "24",
                 "--max-chunk-tokens",
-                "24",
+                "16",
             ],
         )
         own.start(
@@ -69,7 +69,7 @@ MIXED = [
     ([("user", [noise_image(502, 30, 50), "one", noise_image(503, 50, 30), "two"])], 8, 0.05),
     ([("system", ["Be brief."]), ("user", [noise_image(504, 44, 44), "What?"])], 16, 0.1),
     ([("user", [noise_image(505, 20, 60), "and", noise_image(501, 40, 40), "compare"])], 7, 0.15),
-    ([("user", ["short"])], 24, 0.2),
+    ([("user", ["short"])], 16, 0.2),
 ]
 
 

@@ -1,0 +1,781 @@
+"""The scheduler on fake requests, driven by a small simulator that plays the engine.
+
+The simulator does per step what `Engine.step` does, without a model: mark the chunks
+whose rows have "arrived" (a fetch started k steps ago), schedule, forget the fetches of
+preempted requests, start fetches for the running requests' media chunks, run each work
+item, then postprocess (advance `num_computed_tokens`, cache full blocks, append a token
+when the work samples, finish a request after `max_tokens` via `scheduler.remove`).
+
+Its "forward" keeps a fake KV store: every slot holds a key naming exactly what the K/V
+at that position depend on (all tokens up to it and the media rows among them). A forward
+reads positions `[0, start)` through its block table and checks every key, then writes
+`[start, end)`; so a wrong prefix-cache hit, a block shared or reused while in use, or a
+lost block shows up as a wrong read. Its "sampler" is a function of the tokens whose
+logits it reads (like greedy decoding), so outputs are checked against a run without any
+scheduler.
+
+Budget rule (what `Scheduler._runnable` promises): the tokens of one step never exceed
+`max_num_batched_tokens`, except when a step has exactly one work item: a chunk larger
+than the whole budget runs alone, so a budget below one chunk cannot starve anybody.
+Decodes are never starved as long as `max_num_seqs <= max_num_batched_tokens` (every
+running request's decode fits), which every configuration here respects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from decoder_service.block_hash import block_hashes
+from decoder_service.kv_cache import KVCacheManager
+from decoder_service.request import DecodeSpec, MediaSource, RequestState, SamplingOptions
+from decoder_service.scheduler import Scheduler, SchedulerOutput
+from tessera.placeholders import Modality, PlaceholderRange
+
+PLACEHOLDER = 9
+IMAGES = ("ab" * 32, "cd" * 32, "ef" * 32)
+NEVER = 10**9
+
+
+def image(offset: int, length: int, content_hash: str = IMAGES[0]) -> MediaSource:
+    return MediaSource(
+        PlaceholderRange(Modality.IMAGE, content_hash, offset, length), ("encoder:0",), b""
+    )
+
+
+def make_spec(
+    request_id: str,
+    prompt: list[int],
+    *,
+    max_tokens: int = 4,
+    chunk: int = 8,
+    items: tuple[MediaSource, ...] = (),
+    salt: str = "",
+) -> DecodeSpec:
+    """The tokens under each item become the placeholder id."""
+    tokens = list(prompt)
+    for item in items:
+        tokens[item.range.offset : item.range.end] = [PLACEHOLDER] * item.range.length
+    return DecodeSpec(
+        request_id=request_id,
+        prompt_token_ids=tuple(tokens),
+        items=tuple(items),
+        sampling=SamplingOptions(max_tokens=max_tokens),
+        max_chunk_tokens=chunk,
+        cache_salt=salt,
+    )
+
+
+def fake_token(tokens: list[int]) -> int:
+    """Stands in for greedy sampling: a function of the tokens whose logits are read."""
+    return 1000 + hash(tuple(tokens)) % 30000
+
+
+def reference_output(spec: DecodeSpec) -> list[int]:
+    tokens = list(spec.prompt_token_ids)
+    for _ in range(spec.sampling.max_tokens):
+        tokens.append(fake_token(tokens))
+    return tokens[len(spec.prompt_token_ids) :]
+
+
+@dataclass
+class Arrival:
+    step: int
+    spec: DecodeSpec
+    media_delay: int = 0  # steps from a chunk's fetch starting to its rows being ready
+
+
+class Simulator:
+    """Plays the engine's role around a real Scheduler and KVCacheManager, and checks the
+    scheduler's invariants at every step."""
+
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        budget: int,
+        prefix_caching: bool = True,
+    ):
+        self.kv = KVCacheManager(num_blocks, block_size, prefix_caching)
+        self.scheduler = Scheduler(self.kv, max_num_seqs, budget)
+        self.step_index = 0
+        self.arrivals: list[Arrival] = []
+        self.requests: dict[str, RequestState] = {}
+        self.delay: dict[str, int] = {}
+        # request id -> chunk -> step its fetch started (the engine's Prefetcher.plan)
+        self.fetches: dict[str, dict[tuple[int, int], int]] = {}
+        self.finished_at: dict[str, int] = {}
+        self.kv_store: dict[tuple[int, int], int] = {}
+        self.keys: dict[str, list[int]] = {}
+        self.history: list[SchedulerOutput] = []
+        # What the scenario exercised.
+        self.num_oversized_steps = 0
+        self.num_steps_with_blocked_media = 0  # work ran while a running chunk awaited rows
+        self.num_readmissions = 0
+        self.num_hit_tokens = 0
+        self.num_shared_blocks = 0  # summed over steps
+
+    # -- driving -------------------------------------------------------------------------
+
+    def add(self, spec: DecodeSpec, *, at_step: int = 0, media_delay: int = 0) -> None:
+        self.arrivals.append(Arrival(at_step, spec, media_delay))
+
+    def request(self, request_id: str) -> RequestState:
+        return self.requests[request_id]
+
+    def run(self, max_steps: int) -> None:
+        while self.arrivals or self.scheduler.has_work():
+            assert self.step_index < max_steps, (
+                f"not finished after {max_steps} steps: running "
+                f"{[r.request_id for r in self.scheduler.running]}, waiting "
+                f"{[r.request_id for r in self.scheduler.waiting]}"
+            )
+            self.step()
+        self.check_all_finished()
+
+    def step(self) -> SchedulerOutput:
+        scheduler = self.scheduler
+        for arrival in [a for a in self.arrivals if a.step <= self.step_index]:
+            self.arrivals.remove(arrival)
+            request = RequestState(arrival.spec, asyncio.Queue(), generator=None)
+            self.requests[request.request_id] = request
+            self.delay[request.request_id] = arrival.media_delay
+            self.fetches[request.request_id] = {}
+            scheduler.add(request)
+        # Engine: Prefetcher.refresh for every request.
+        for request in [*scheduler.running, *scheduler.waiting]:
+            request.ready_chunks = {
+                chunk
+                for chunk, started in self.fetches[request.request_id].items()
+                if self.step_index - started >= self.delay[request.request_id]
+            }
+        running_before = list(scheduler.running)
+        waiting_before = list(scheduler.waiting)
+        decoding_before = [r for r in scheduler.running if r.is_decoding]
+        outputs_before = {r.request_id: list(r.output_token_ids) for r in self.requests.values()}
+
+        output = scheduler.schedule()
+        self.history.append(output)
+        self.check_output(output, running_before, waiting_before, decoding_before, outputs_before)
+
+        # Engine: drop the fetches of preempted requests, plan fetches for running ones.
+        for request in output.preempted:
+            self.fetches[request.request_id].clear()
+            request.ready_chunks.clear()
+        for request in scheduler.running:
+            self.plan(request)
+        for work in output.work:
+            self.forward(work)
+        for work in output.work:
+            self.postprocess(work)
+        self.check_blocks()
+        self.step_index += 1
+        return output
+
+    def plan(self, request: RequestState) -> None:
+        position = request.num_computed_tokens
+        while position < request.num_prompt_tokens:
+            chunk = request.next_chunk(position)
+            assert chunk is not None
+            if request.chunk_needs_rows(*chunk):
+                self.fetches[request.request_id].setdefault(chunk, self.step_index)
+            position = chunk[1]
+
+    def expected_keys(self, request: RequestState) -> list[int]:
+        """Key of position p = what its K/V depend on: the key of p - 1, the token at p,
+        and which row of which item sits at p."""
+        keys = self.keys.setdefault(request.request_id, [])
+        for position in range(len(keys), request.num_tokens):
+            rows = tuple(
+                (r.content_hash, position - r.offset)
+                for r in request.spec.ranges
+                if r.offset <= position < r.end
+            )
+            previous = keys[-1] if keys else 0
+            keys.append(hash((previous, request.token_at(position), rows)))
+        return keys
+
+    def forward(self, work) -> None:
+        request = work.request
+        keys = self.expected_keys(request)
+        size = self.kv.block_size
+        for position in range(work.start):
+            slot = (work.block_table[position // size], position % size)
+            assert self.kv_store.get(slot) == keys[position], (
+                f"{request.request_id} reads wrong K/V at position {position} (step "
+                f"{self.step_index}, computed from {work.start})"
+            )
+        for position in range(work.start, work.end):
+            block = self.kv._blocks[work.block_table[position // size]]
+            assert block.ref_count == 1, f"{request.request_id} writes a shared block"
+            assert block.block_hash is None, f"{request.request_id} overwrites a cached block"
+            self.kv_store[(block.block_id, position % size)] = keys[position]
+
+    def postprocess(self, work) -> None:
+        """What `Engine._postprocess` does, with a fake sampler."""
+        request = work.request
+        assert request in self.scheduler.running
+        self.fetches[request.request_id].pop((work.start, work.end), None)
+        request.num_computed_tokens = work.end
+        kv = self.kv
+        if kv.enable_prefix_caching:
+            num_full = request.num_computed_tokens // kv.block_size
+            if len(request.block_hashes) < num_full:
+                request.block_hashes = block_hashes(
+                    [request.token_at(p) for p in range(num_full * kv.block_size)],
+                    request.spec.ranges,
+                    kv.block_size,
+                    known=request.block_hashes,
+                    salt=request.spec.cache_salt,
+                )
+            kv.cache_full_blocks(request.request_id, request.block_hashes, num_full)
+        if not work.samples:
+            return
+        request.output_token_ids.append(fake_token([request.token_at(p) for p in range(work.end)]))
+        if len(request.output_token_ids) >= request.spec.sampling.max_tokens:
+            request.finished = True
+            self.scheduler.remove(request)
+            self.fetches[request.request_id].clear()
+            self.finished_at[request.request_id] = self.step_index
+
+    # -- invariants ----------------------------------------------------------------------
+
+    def check_output(
+        self,
+        output: SchedulerOutput,
+        running_before: list[RequestState],
+        waiting_before: list[RequestState],
+        decoding_before: list[RequestState],
+        outputs_before: dict[str, list[int]],
+    ) -> None:
+        scheduler, kv = self.scheduler, self.kv
+        step = self.step_index
+        budget = scheduler.max_num_batched_tokens
+        assert output.budget == budget - output.num_tokens  # what is left of the budget
+        assert output.num_tokens <= budget or len(output.work) == 1, (
+            f"step {step}: {output.num_tokens} tokens over a budget of {budget} in "
+            f"{len(output.work)} work items"
+        )
+        self.num_oversized_steps += output.num_tokens > budget
+        assert len(scheduler.running) <= scheduler.max_num_seqs
+
+        scheduled = [work.request for work in output.work]
+        assert len(set(scheduled)) == len(scheduled), "a request runs twice in one step"
+        # Priority: decodes, then other running requests oldest first, then admissions.
+        others_before = [r for r in running_before if r not in decoding_before]
+        priority = [*decoding_before, *others_before, *output.admitted]
+        assert scheduled == [r for r in priority if r in scheduled], f"step {step}: order"
+        for work in output.work:
+            request = work.request
+            assert request in scheduler.running
+            assert work.start == request.num_computed_tokens
+            assert work.end == min(work.start + request.spec.max_chunk_tokens, request.num_tokens)
+            assert work.samples == (work.end == request.num_tokens)
+            assert work.block_table == tuple(kv.block_table(request.request_id))
+            assert len(work.block_table) >= kv.blocks_for(work.end)
+            if request.chunk_needs_rows(work.start, work.end):
+                started = self.fetches[request.request_id].get((work.start, work.end))
+                assert started is not None, f"step {step}: a media chunk ran, never fetched"
+                assert step - started >= self.delay[request.request_id], (
+                    f"step {step}: a media chunk ran before its rows arrived"
+                )
+                assert (work.start, work.end) in request.ready_chunks
+
+        # Decodes are never starved: each running decode runs unless preempted.
+        for request in decoding_before:
+            assert request in scheduled or request in output.preempted, (
+                f"step {step}: decoding {request.request_id} skipped"
+            )
+
+        # The oldest running prefill whose rows are there gets its chunk whenever the budget
+        # holds it beside every decode (it may only lose it to preemption).
+        ready = [r for r in others_before if not self.awaits_rows(r)]
+        if ready and len(decoding_before) + ready[0].spec.max_chunk_tokens <= budget:
+            assert ready[0] in scheduled or ready[0] in output.preempted, (
+                f"step {step}: oldest prefill {ready[0].request_id} skipped"
+            )
+
+        # Preemption takes the newest running requests and keeps their output.
+        if output.preempted:
+            assert not output.admitted
+            newest = running_before[len(running_before) - len(output.preempted) :]
+            assert set(output.preempted) == set(newest), "preempted an older request"
+        kept = [r for r in running_before if r not in output.preempted]
+        assert scheduler.running == [*kept, *output.admitted]
+        # Preempted requests go back to the head of the queue, in their running order.
+        admitted = len(output.admitted)
+        requeued = [r for r in running_before if r in output.preempted]
+        assert list(scheduler.waiting) == [*requeued, *waiting_before[admitted:]]
+        for request in output.preempted:
+            assert request.num_computed_tokens == 0
+            assert not request.ready_chunks, "rows of a preempted request kept"
+            assert request.output_token_ids == outputs_before[request.request_id]
+            assert request.stats.num_preemptions >= 1
+            assert request in scheduler.waiting
+            assert request not in scheduled
+            assert kv.block_table(request.request_id) == []
+
+        # Admission: oldest first; computation resumes at a whole number of cached blocks.
+        assert list(output.admitted) == waiting_before[:admitted]
+        used = sum(w.num_tokens for w in output.work if w.request not in output.admitted)
+        for request in output.admitted:  # only while some budget is left
+            assert used < budget, f"step {step}: admitted with the budget used up"
+            used += sum(w.num_tokens for w in output.work if w.request is request)
+        for request in output.admitted:
+            computed = request.num_computed_tokens
+            assert computed % kv.block_size == 0
+            assert computed < request.num_tokens, "admitted with nothing left to compute"
+            if not kv.enable_prefix_caching:
+                assert computed == 0
+            self.num_hit_tokens += computed
+            self.num_readmissions += request.stats.num_preemptions > 0
+
+        # Work conserving: an idle step has a reason.
+        if not output.work and not output.preempted:
+            for request in scheduler.running:
+                chunk = request.next_chunk()
+                assert chunk is not None and request.chunk_needs_rows(*chunk)
+                assert chunk not in request.ready_chunks, f"step {step}: idle with ready work"
+            assert scheduler.running or not scheduler.waiting, f"step {step}: idle, nobody in"
+        if output.work and any(self.awaits_rows(r) for r in scheduler.running):
+            self.num_steps_with_blocked_media += 1
+
+    @staticmethod
+    def awaits_rows(request: RequestState) -> bool:
+        chunk = request.next_chunk()
+        return (
+            chunk is not None
+            and request.chunk_needs_rows(*chunk)
+            and chunk not in request.ready_chunks
+        )
+
+    def check_blocks(self) -> None:
+        """Reference counts equal the number of running tables holding each block; a block
+        is in two tables only as a cached prefix block of both; waiting requests hold
+        nothing; the free list is exactly the unreferenced blocks."""
+        kv, scheduler = self.kv, self.scheduler
+        holders: dict[int, list[tuple[RequestState, int]]] = {}
+        for request in scheduler.running:
+            table = kv.block_table(request.request_id)
+            assert len(set(table)) == len(table)
+            assert len(table) >= kv.blocks_for(request.num_computed_tokens)
+            for index, block_id in enumerate(table):
+                holders.setdefault(block_id, []).append((request, index))
+        assert set(kv._tables) == {r.request_id for r in scheduler.running}
+        for block in kv._blocks:
+            held = holders.get(block.block_id, [])
+            assert block.ref_count == len(held)
+            assert (block.block_id in kv._free) == (block.ref_count == 0)
+            if len(held) > 1:
+                self.num_shared_blocks += 1
+                assert block.block_hash is not None, "an uncached block is shared"
+                for request, index in held:
+                    assert (index + 1) * kv.block_size <= request.num_computed_tokens
+                    assert request.block_hashes[index] == block.block_hash
+            if block.block_hash is not None:
+                assert kv._cached[block.block_hash] == block.block_id
+
+    def check_all_finished(self) -> None:
+        kv = self.kv
+        assert not self.scheduler.running and not self.scheduler.waiting
+        for request_id, request in self.requests.items():
+            assert request_id in self.finished_at
+            assert request.output_token_ids == reference_output(request.spec)
+        assert kv.num_free_blocks == kv.num_blocks
+        assert all(block.ref_count == 0 for block in kv._blocks)
+        assert not kv._tables
+        assert sum(r.stats.num_preemptions for r in self.requests.values()) == (
+            self.scheduler.num_preemptions
+        )
+
+
+def serial_steps(arrivals: list[Arrival]) -> int:
+    """Steps to run every request alone, one after another, with no cache: a bound that
+    any sane schedule of the same requests stays well within."""
+    total = max((a.step for a in arrivals), default=0)
+    for a in arrivals:
+        spec = a.spec
+        num_chunks = -(-len(spec.prompt_token_ids) // spec.max_chunk_tokens)
+        total += num_chunks * (a.media_delay + 1) + spec.sampling.max_tokens
+    return total
+
+
+# -- random scenarios ----------------------------------------------------------------------
+
+
+def random_prompt(rng: random.Random, segments: list) -> tuple[list[int], tuple[MediaSource, ...]]:
+    tokens: list[int] = []
+    items = []
+    for segment in segments:
+        if segment[0] == "text":
+            tokens += segment[1]
+        else:
+            _, content_hash, length = segment
+            items.append(image(len(tokens), length, content_hash))
+            tokens += [PLACEHOLDER] * length
+    return tokens, tuple(items)
+
+
+def random_segments(rng: random.Random, num_images: int, max_text: int) -> list:
+    segments: list = [("text", [rng.randrange(10, 100) for _ in range(rng.randint(0, max_text))])]
+    for _ in range(num_images):
+        segments.append(("image", rng.choice(IMAGES), rng.randint(1, 20)))
+        segments.append(("text", [rng.randrange(10, 100) for _ in range(rng.randint(0, max_text))]))
+    return segments
+
+
+FAMILIES = ("mixed", "small_cache", "media", "prefix", "tight_budget", "no_prefix_caching")
+
+
+def random_scenario(seed: int, family: str) -> Simulator:
+    rng = random.Random(f"{family}-{seed}")
+    block_size = rng.choice([1, 2, 4, 8])
+    max_num_seqs = rng.randint(1, 6)
+    budget = rng.randint(max_num_seqs, 32)
+    num_requests = rng.randint(1, 8)
+    max_chunk = 20
+    max_arrival = 12
+    max_delay = 3
+    image_probability = 0.4
+    shared = [random_segments(rng, rng.randint(0, 1), 12) for _ in range(2)]
+    if family == "small_cache":
+        max_num_seqs = rng.randint(3, 6)
+        num_requests = rng.randint(3, 6)
+        max_chunk = 6
+        budget = rng.randint(max(max_num_seqs, 2 * max_chunk), 32)
+        max_arrival = 0
+    elif family == "media":
+        image_probability = 1.0
+        max_delay = 6
+        max_arrival = 3
+        max_num_seqs = rng.randint(2, 6)
+        budget = rng.randint(max_num_seqs, 32)
+    elif family == "prefix":
+        max_arrival = 40
+        block_size = rng.choice([1, 2, 4])
+    elif family == "tight_budget":
+        budget = rng.randint(1, 4)
+        max_num_seqs = rng.randint(1, budget)
+        max_chunk = 12
+
+    arrivals = []
+    for index in range(num_requests):
+        segments: list = []
+        if family == "prefix" or rng.random() < 0.5:
+            segments += rng.choice(shared)
+        if family == "small_cache":
+            segments += random_segments(rng, rng.random() < image_probability, 20)
+            segments.append(("text", [rng.randrange(10, 100) for _ in range(15)]))
+        elif family != "prefix" or rng.random() < 0.5:
+            segments += random_segments(rng, rng.random() < image_probability, 20)
+        tokens, items = random_prompt(rng, segments)
+        if not tokens:
+            tokens = [rng.randrange(10, 100)]
+        spec = make_spec(
+            f"r{index}",
+            tokens,
+            max_tokens=rng.randint(3, 10) if family == "small_cache" else rng.randint(1, 8),
+            chunk=rng.randint(1, max_chunk),
+            items=items,
+            salt=rng.choice(["", "", "", "tenant"]),
+        )
+        arrivals.append(Arrival(rng.randint(0, max_arrival), spec, rng.randint(0, max_delay)))
+
+    # Like `spec.check_fits`: every request fits in the whole cache on its own.
+    need = max(
+        -(-(len(a.spec.prompt_token_ids) + a.spec.sampling.max_tokens) // block_size)
+        for a in arrivals
+    )
+    if family == "small_cache":
+        num_blocks = need + rng.randint(0, 2)
+    elif family == "prefix":
+        num_blocks = need * num_requests + 4
+    else:
+        num_blocks = rng.randint(need, need * num_requests + 4)
+    sim = Simulator(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        budget=budget,
+        prefix_caching=family != "no_prefix_caching",
+    )
+    for arrival in arrivals:
+        sim.add(arrival.spec, at_step=arrival.step, media_delay=arrival.media_delay)
+    return sim
+
+
+SEEDS_PER_FAMILY = 100
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_random_scenarios(family):
+    """Every invariant above holds at every step of many seeded scenarios, and every
+    request finishes with the output it would have had alone, within twice the steps of
+    running all requests one after another."""
+    totals: Counter[str] = Counter()
+    for seed in range(SEEDS_PER_FAMILY):
+        sim = random_scenario(seed, family)
+        bound = 2 * serial_steps(sim.arrivals) + 10
+        try:
+            sim.run(max_steps=bound)
+        except AssertionError as error:
+            raise AssertionError(f"{family} seed {seed}: {error}") from error
+        totals["preemptions"] += sim.scheduler.num_preemptions
+        totals["scenarios_with_preemption"] += sim.scheduler.num_preemptions > 0
+        totals["readmissions"] += sim.num_readmissions
+        totals["hit_tokens"] += sim.num_hit_tokens
+        totals["oversized_steps"] += sim.num_oversized_steps
+        totals["blocked_media_steps"] += sim.num_steps_with_blocked_media
+        totals["shared_blocks"] += sim.num_shared_blocks
+    # The scenarios of each family exercise what the family is for.
+    expected = {
+        "mixed": ["preemptions", "hit_tokens", "blocked_media_steps", "shared_blocks"],
+        "small_cache": ["readmissions"],
+        "media": ["blocked_media_steps"],
+        "prefix": ["hit_tokens", "shared_blocks"],
+        "tight_budget": ["oversized_steps"],
+        "no_prefix_caching": ["preemptions"],
+    }[family]
+    for name in expected:
+        assert totals[name] > 0, (name, dict(totals))
+    if family == "small_cache":
+        assert totals["scenarios_with_preemption"] == SEEDS_PER_FAMILY, dict(totals)
+    if family == "no_prefix_caching":
+        assert totals["hit_tokens"] == 0
+
+
+# -- targeted scenarios --------------------------------------------------------------------
+
+
+def text(n: int, start: int = 10) -> list[int]:
+    return list(range(start, start + n))
+
+
+def big_sim(**overrides) -> Simulator:
+    settings = dict(num_blocks=64, block_size=4, max_num_seqs=4, budget=16)
+    settings.update(overrides)
+    return Simulator(**settings)
+
+
+def work_of(output: SchedulerOutput) -> dict[str, tuple[int, int]]:
+    return {w.request.request_id: (w.start, w.end) for w in output.work}
+
+
+def test_decodes_run_first_and_a_long_prompt_fills_the_rest():
+    sim = big_sim(budget=10)
+    sim.add(make_spec("short", text(3), max_tokens=6, chunk=8))
+    sim.add(make_spec("long", text(40, 100), max_tokens=1, chunk=8))
+    first = sim.step()
+    assert work_of(first) == {"short": (0, 3)}  # 8 more would exceed 10 - 3
+    assert [r.request_id for r in first.admitted] == ["short", "long"]
+    for expected_long_start in (0, 8, 16, 24):
+        output = sim.step()
+        assert output.work[0].request.request_id == "short"  # the decode first
+        assert work_of(output)["short"][1] - work_of(output)["short"][0] == 1
+        assert work_of(output)["long"] == (expected_long_start, expected_long_start + 8)
+    sim.run(max_steps=20)
+
+
+def test_a_chunk_that_does_not_fit_the_rest_of_the_budget_waits_whole():
+    """Budget 8, chunk 8: while another request decodes, the prompt gets no smaller
+    piece; it runs whole once the decode is done."""
+    sim = big_sim(budget=8)
+    sim.add(make_spec("decoder", text(2), max_tokens=4, chunk=8))
+    sim.add(make_spec("prompt", text(20, 100), max_tokens=1, chunk=8), at_step=1)
+    outputs = [sim.step() for _ in range(4)]
+    assert [work_of(o) for o in outputs] == [
+        {"decoder": (0, 2)},
+        {"decoder": (2, 3)},
+        {"decoder": (3, 4)},
+        {"decoder": (4, 5)},  # samples the 4th and last token
+    ]
+    assert "decoder" in sim.finished_at
+    assert work_of(sim.step()) == {"prompt": (0, 8)}
+    assert work_of(sim.step()) == {"prompt": (8, 16)}
+    sim.run(max_steps=10)
+
+
+def test_a_long_prompt_gets_a_chunk_every_step_despite_steady_arrivals():
+    """With room for one chunk beside every other running request's decode
+    (budget >= max_chunk_tokens + max_num_seqs - 1), short requests arriving every step
+    never hold back an admitted long prompt. (With less room, e.g. budget == chunk, its
+    chunk waits for a step without decodes, which steady arrivals can postpone forever.)"""
+    sim = big_sim(num_blocks=200, budget=8 + 3, max_num_seqs=4)
+    sim.add(make_spec("warm", text(2), max_tokens=3, chunk=8))
+    sim.add(make_spec("long", text(40, 100), max_tokens=1, chunk=8), at_step=1)
+    for index in range(30):
+        sim.add(
+            make_spec(f"s{index}", text(2, 300 + index), max_tokens=4, chunk=8), at_step=1 + index
+        )
+    sim.step()
+    starts = []
+    while "long" not in sim.finished_at:
+        starts.append(work_of(sim.step())["long"][0])
+    assert starts == [0, 8, 16, 24, 32]
+    sim.run(max_steps=80)
+
+
+def test_a_chunk_larger_than_the_budget_runs_alone():
+    sim = big_sim(budget=4, max_num_seqs=2)
+    sim.add(make_spec("big", text(10), max_tokens=2, chunk=10))
+    sim.add(make_spec("small", text(3, 50), max_tokens=3, chunk=2))
+    output = sim.step()
+    assert work_of(output) == {"big": (0, 10)}  # alone, over the budget
+    assert output.num_tokens == 10
+    output = sim.step()
+    assert work_of(output) == {"big": (10, 11), "small": (0, 2)}
+    sim.run(max_steps=20)
+
+
+def test_media_chunk_waits_for_rows_while_text_and_other_requests_run():
+    sim = big_sim(budget=32)
+    item = image(8, 8)
+    sim.add(make_spec("media", text(24), items=(item,), max_tokens=2, chunk=8), media_delay=NEVER)
+    sim.add(make_spec("text", text(5, 200), max_tokens=6, chunk=8))
+    assert work_of(sim.step()) == {"media": (0, 8), "text": (0, 5)}  # [0, 8) needs no rows
+    for _ in range(5):
+        work = work_of(sim.step())
+        assert "media" not in work  # [8, 16) waits for its rows
+        assert "text" in work
+    assert sim.request("media").num_computed_tokens == 8
+    assert (8, 16) in sim.fetches["media"]  # the engine asked for them
+    sim.delay["media"] = 0  # the rows arrive
+    assert work_of(sim.step())["media"] == (8, 16)
+    sim.run(max_steps=20)
+
+
+def test_nothing_runs_while_every_pending_chunk_awaits_rows():
+    sim = big_sim()
+    sim.add(make_spec("media", text(12), items=(image(0, 12),), chunk=4), media_delay=3)
+    outputs = [sim.step() for _ in range(3)]
+    assert [o.work for o in outputs] == [[], [], []]
+    assert work_of(sim.step()) == {"media": (0, 4)}
+    sim.run(max_steps=20)
+
+
+def test_at_most_max_num_seqs_run_and_admission_is_oldest_first():
+    sim = big_sim(max_num_seqs=2, budget=64)
+    for index in range(5):
+        sim.add(make_spec(f"r{index}", text(4, 10 * index + 10), max_tokens=2 + index))
+    first = sim.step()
+    assert [r.request_id for r in first.admitted] == ["r0", "r1"]
+    admitted = [r.request_id for o in [first, *(sim.step() for _ in range(30))] for r in o.admitted]
+    assert admitted == ["r0", "r1", "r2", "r3", "r4"]
+    assert not sim.scheduler.has_work()
+
+
+def test_the_head_of_the_queue_is_not_overtaken():
+    """The oldest waiting request does not fit the free blocks: a smaller one behind it
+    waits too, instead of taking the blocks the head needs."""
+    sim = big_sim(num_blocks=6, block_size=4, max_num_seqs=4, budget=64)
+    sim.add(make_spec("holder", text(16), max_tokens=3, chunk=16))  # 4 blocks, 5 with output
+    sim.add(make_spec("head", text(12, 100), max_tokens=1, chunk=12), at_step=1)  # 3 blocks
+    sim.add(make_spec("small", text(2, 200), max_tokens=1, chunk=2), at_step=1)  # 1 block
+    sim.step()
+    while "holder" not in sim.finished_at:
+        output = sim.step()
+        assert not output.admitted
+        assert [r.request_id for r in sim.scheduler.waiting] == ["head", "small"]
+    output = sim.step()
+    assert [r.request_id for r in output.admitted] == ["head", "small"]
+    sim.run(max_steps=10)
+
+
+def test_preemption_takes_the_newest_keeps_its_output_and_recomputes_everything():
+    sim = big_sim(num_blocks=6, block_size=2, max_num_seqs=2, budget=16, prefix_caching=False)
+    sim.add(make_spec("old", text(5), max_tokens=6, chunk=4))  # up to 11 tokens: 6 blocks
+    sim.add(make_spec("new", text(3, 100), max_tokens=6, chunk=4))  # up to 9 tokens: 5 blocks
+    preempted_at = None
+    while preempted_at is None:
+        output = sim.step()
+        assert not any(r.request_id == "old" for r in output.preempted)
+        if output.preempted:
+            preempted_at = sim.step_index - 1
+            assert [r.request_id for r in output.preempted] == ["new"]
+            assert "new" not in work_of(output)
+    new = sim.request("new")
+    assert new.num_computed_tokens == 0
+    assert new.output_token_ids, "preempted after it had sampled"
+    kept = list(new.output_token_ids)
+    assert new.stats.num_preemptions == 1
+    assert sim.scheduler.waiting[0] is new
+    sim.run(max_steps=60)
+    assert new.output_token_ids[: len(kept)] == kept
+    assert new.output_token_ids == reference_output(new.spec)
+    # Once readmitted it recomputed prompt and output from position 0, chunk by chunk.
+    recompute = [
+        (w.start, w.end)
+        for o in sim.history[preempted_at + 1 :]
+        for w in o.work
+        if w.request is new and w.start < len(kept) + 3 - 1
+    ]
+    assert recompute[0][0] == 0
+    assert all(b - a <= 4 for a, b in recompute)
+
+
+def test_a_request_alone_preempts_itself_only_when_nothing_else_is_left():
+    """Two requests that each fit the cache alone but not together: the older always
+    makes progress and both finish."""
+    sim = big_sim(num_blocks=4, block_size=2, max_num_seqs=2, budget=8, prefix_caching=False)
+    sim.add(make_spec("a", text(5), max_tokens=3, chunk=2))
+    sim.add(make_spec("b", text(5, 100), max_tokens=3, chunk=2))
+    sim.run(max_steps=40)
+    assert sim.scheduler.num_preemptions > 0
+    assert sim.request("a").stats.num_preemptions == 0
+    assert sim.finished_at["a"] < sim.finished_at["b"]
+
+
+def test_a_prefix_hit_skips_cached_blocks_but_computes_at_least_one_token():
+    sim = big_sim(block_size=4)
+    prompt = text(16)  # exactly four blocks
+    sim.add(make_spec("first", prompt, max_tokens=2, chunk=8))
+    sim.run(max_steps=10)
+    sim.add(make_spec("same", prompt, max_tokens=2, chunk=8), at_step=sim.step_index)
+    sim.add(make_spec("longer", [*prompt, 1, 2, 3], max_tokens=2, chunk=8), at_step=sim.step_index)
+    output = sim.step()
+    same, longer = sim.request("same"), sim.request("longer")
+    # `same` may not hit its last block: the last prompt token's logits are needed.
+    assert work_of(output) == {"same": (12, 16), "longer": (16, 19)}
+    assert same.stats.num_cached_prompt_tokens == 12
+    assert longer.stats.num_cached_prompt_tokens == 16
+    sim.run(max_steps=10)
+    assert same.output_token_ids == sim.request("first").output_token_ids
+
+
+def test_another_salt_or_image_gets_no_prefix_hit():
+    sim = big_sim(block_size=4)
+    item = image(4, 8)
+    prompt = text(16)
+    sim.add(make_spec("first", prompt, items=(item,), max_tokens=1, chunk=16))
+    sim.run(max_steps=10)
+    now = sim.step_index
+    sim.add(
+        make_spec("salted", prompt, items=(item,), max_tokens=1, chunk=16, salt="x"), at_step=now
+    )
+    other = image(4, 8, IMAGES[1])
+    sim.add(make_spec("other", prompt, items=(other,), max_tokens=1, chunk=16), at_step=now)
+    sim.add(make_spec("same", prompt, items=(item,), max_tokens=1, chunk=16), at_step=now)
+    sim.run(max_steps=20)
+    assert sim.request("salted").stats.num_cached_prompt_tokens == 0
+    assert sim.request("other").stats.num_cached_prompt_tokens == 4  # the text block
+    assert sim.request("same").stats.num_cached_prompt_tokens == 12
+
+
+def test_remove_forgets_waiting_and_running_requests():
+    sim = big_sim(max_num_seqs=1)
+    sim.add(make_spec("a", text(8), max_tokens=5))
+    sim.add(make_spec("b", text(8, 50), max_tokens=5))
+    sim.step()
+    a, b = sim.request("a"), sim.request("b")
+    assert sim.scheduler.running == [a] and list(sim.scheduler.waiting) == [b]
+    sim.scheduler.remove(b)
+    assert not sim.scheduler.waiting
+    sim.scheduler.remove(a)
+    assert not sim.scheduler.has_work()
+    assert sim.kv.num_free_blocks == sim.kv.num_blocks
