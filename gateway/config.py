@@ -26,6 +26,8 @@ class GatewayConfig:
     max_image_pixels: int
     max_items_per_prompt: int
     lease_ms: int
+    replica_refresh_seconds: float
+    replica_retry_seconds: float
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
@@ -43,14 +45,15 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         type=_address_list,
         default=env_default("TESSERA_ENCODERS", None, _address_list),
         required=env_default("TESSERA_ENCODERS", None) is None,
-        help="encoder addresses host:port[,host:port...] (env TESSERA_ENCODERS)",
+        help="encoder addresses host:port[,...] or dns:///name:port for every address of a "
+        "name (env TESSERA_ENCODERS)",
     )
     parser.add_argument(
         "--decoders",
         type=_address_list,
         default=env_default("TESSERA_DECODERS", None, _address_list),
         required=env_default("TESSERA_DECODERS", None) is None,
-        help="decoder addresses host:port[,host:port...] (env TESSERA_DECODERS)",
+        help="decoder addresses host:port[,...] or dns:///name:port (env TESSERA_DECODERS)",
     )
     parser.add_argument(
         "--max-image-pixels",
@@ -60,6 +63,18 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-items-per-prompt", type=int, default=16, help="most media items in one request"
+    )
+    parser.add_argument(
+        "--replica-refresh-seconds",
+        type=float,
+        default=5.0,
+        help="how often replicas are resolved again and health-checked",
+    )
+    parser.add_argument(
+        "--replica-retry-seconds",
+        type=float,
+        default=5.0,
+        help="how long a failed replica is set aside before it is tried again",
     )
     parser.add_argument(
         "--lease-ms",

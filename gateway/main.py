@@ -8,6 +8,7 @@ import asyncio
 from gateway.config import GatewayConfig, add_gateway_flags
 from gateway.pipeline import GenerationPipeline
 from gateway.prompt import PromptBuilder
+from gateway.replicas import ReplicaSet
 from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
@@ -30,8 +31,21 @@ async def run(config: GatewayConfig) -> None:
             load_family, config.model, LoadOptions(ModelPart.PROCESSOR), config.model_fingerprint
         )
         builder = PromptBuilder(family, config.max_image_pixels, config.max_items_per_prompt)
+        channels = ChannelPool()
+        encoders, decoders = (
+            ReplicaSet(
+                name,
+                targets,
+                channels,
+                config.replica_refresh_seconds,
+                config.replica_retry_seconds,
+            )
+            for name, targets in (("encoder", config.encoders), ("decoder", config.decoders))
+        )
+        await encoders.start()
+        await decoders.start()
         servicer.pipeline = GenerationPipeline(
-            builder, config.encoders, DecoderRouter(config.decoders), ChannelPool(), config.lease_ms
+            builder, encoders, DecoderRouter(decoders), channels, config.lease_ms
         )
         return (
             f"family={family.name} fingerprint={family.fingerprint} "

@@ -14,14 +14,21 @@ import grpc
 
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
-from gateway.router import DecoderRouter, rendezvous_order
+from gateway.replicas import ReplicaSet
+from gateway.router import DecoderRouter, encoder_order
 from tessera.channels import ChannelPool
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 from tessera.wire import media_item_to_proto, range_to_proto
 
 log = logging.getLogger("tessera.gateway")
 
-_CACHED_SOURCES = (encoder_pb2.ENCODE_SOURCE_MEMORY, encoder_pb2.ENCODE_SOURCE_JOINED)
+_CACHED_SOURCES = (
+    encoder_pb2.ENCODE_SOURCE_MEMORY,
+    encoder_pb2.ENCODE_SOURCE_JOINED,
+    encoder_pb2.ENCODE_SOURCE_REDIS,
+)
+# Failures that say "this replica", not "this request": try another one.
+_REPLICA_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN}
 
 
 @dataclass(frozen=True)
@@ -62,13 +69,13 @@ class GenerationPipeline:
     def __init__(
         self,
         builder: PromptBuilder,
-        encoders: Sequence[str],
+        encoders: ReplicaSet,
         decoders: DecoderRouter,
         channels: ChannelPool,
         lease_ms: int,
     ):
         self.builder = builder
-        self.encoders = list(encoders)
+        self.encoders = encoders
         self.decoders = decoders
         self.channels = channels
         self.lease_ms = lease_ms
@@ -81,49 +88,59 @@ class GenerationPipeline:
         started = time.monotonic()
         prompt = await asyncio.to_thread(self.builder.build, request.messages)
         encode_task = asyncio.create_task(self._encode_all(request.request_id, prompt.items))
-        decoder_address = self.decoders.acquire()
         detokenizer = IncrementalDetokenizer(self.builder.family.decode_tokens)
         token_ids: list[int] = []
         first_token_time: float | None = None
         try:
-            call = decoder_pb2_grpc.DecoderServiceStub(self.channels.get(decoder_address)).Generate(
-                self._decode_request(request, prompt), timeout=request.timeout_seconds
-            )
-            async for message in self._decoder_stream(call, encode_task):
+            async for message in self._decode(request, prompt, encode_task):
                 if message.HasField("tokens"):
                     first_token_time = first_token_time or time.monotonic()
                     token_ids += message.tokens.token_ids
                     yield TextEvent(detokenizer.add(message.tokens.token_ids), message.tokens)
-                else:
-                    tail = detokenizer.flush()
-                    if tail:
-                        yield TextEvent(tail, decoder_pb2.TokenBatch())
-                    computed, cached = await self._encode_outcome(encode_task)
-                    yield FinishedEvent(
-                        prompt,
-                        message.finished,
-                        token_ids,
-                        (first_token_time or time.monotonic()) - started,
-                        computed,
-                        cached,
-                    )
+                    continue
+                tail = detokenizer.flush()
+                if tail:
+                    yield TextEvent(tail, decoder_pb2.TokenBatch())
+                computed, cached = await self._encode_outcome(encode_task)
+                ttft = (first_token_time or time.monotonic()) - started
+                yield FinishedEvent(prompt, message.finished, token_ids, ttft, computed, cached)
         finally:
-            self.decoders.release(decoder_address)
             # Encoding goes on (the cache keeps the result); its error is not news then.
             encode_task.add_done_callback(lambda task: task.cancelled() or task.exception())
 
-    async def _decoder_stream(self, call, encode_task: asyncio.Task) -> AsyncIterator:
-        try:
-            async for message in call:
-                yield message
-        except grpc.aio.AioRpcError as error:
-            # A bad item makes both the encoder and the decoder fail; the encoder's error
-            # says what is wrong with the input.
-            if encode_task.done() and isinstance(encode_task.exception(), DownstreamError):
-                raise encode_task.exception() from None
-            raise DownstreamError(error.code(), f"decoder: {error.details()}") from None
-        finally:
-            call.cancel()
+    async def _decode(
+        self, request: GenerationRequest, prompt: Prompt, encode_task: asyncio.Task
+    ) -> AsyncIterator[decoder_pb2.DecodeResponse]:
+        """The decoder's stream. A decoder that fails before its first token is set aside
+        and the request tried once more elsewhere; after that, the error goes to the
+        client (never a silently truncated answer)."""
+        decode_request = self._decode_request(request, prompt)
+        tried: list[str] = []
+        while True:
+            address = self.decoders.acquire(exclude=tried)
+            if address is None:
+                raise DownstreamError(grpc.StatusCode.UNAVAILABLE, "no decoder is reachable")
+            tried.append(address)
+            stub = decoder_pb2_grpc.DecoderServiceStub(self.channels.get(address))
+            call = stub.Generate(decode_request, timeout=request.timeout_seconds)
+            received = False
+            try:
+                async for message in call:
+                    received = True
+                    yield message
+                return
+            except grpc.aio.AioRpcError as error:
+                if not received and error.code() in _REPLICA_FAILURES and len(tried) < 2:
+                    self.decoders.replicas.mark_down(address, error.code().name)
+                    continue
+                # A bad item makes both the encoder and the decoder fail; the encoder's
+                # error says what is wrong with the input.
+                if encode_task.done() and isinstance(encode_task.exception(), DownstreamError):
+                    raise encode_task.exception() from None
+                raise DownstreamError(error.code(), f"decoder: {error.details()}") from None
+            finally:
+                call.cancel()
+                self.decoders.release(address)
 
     def _decode_request(
         self, request: GenerationRequest, prompt: Prompt
@@ -134,7 +151,7 @@ class GenerationPipeline:
             items=[
                 decoder_pb2.MediaSource(
                     range=range_to_proto(item.range),
-                    encoder_addresses=rendezvous_order(item.range.content_hash, self.encoders),
+                    encoder_addresses=encoder_order(item.range.content_hash, self.encoders),
                     data=item.data,
                 )
                 for item in prompt.items
@@ -148,7 +165,7 @@ class GenerationPipeline:
         """One Encode per encoder over its unique items; returns the EncodedItem messages."""
         by_encoder: dict[str, dict[str, PromptItem]] = {}
         for item in items:
-            address = rendezvous_order(item.range.content_hash, self.encoders)[0]
+            address = encoder_order(item.range.content_hash, self.encoders)[0]
             by_encoder.setdefault(address, {})[item.range.content_hash] = item
         calls = [
             self._encode_on(address, request_id, list(unique.values()))
@@ -158,16 +175,25 @@ class GenerationPipeline:
         return [encoded for response in results for encoded in response.items]
 
     async def _encode_on(self, address: str, request_id: str, items: list[PromptItem]):
-        stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(address))
+        """Encode on `address`, or on the next encoders in rank if it is unreachable."""
         request = encoder_pb2.EncodeRequest(
             items=[media_item_to_proto(item.range, item.data) for item in items],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )
-        try:
-            return await stub.Encode(request)
-        except grpc.aio.AioRpcError as error:
-            raise DownstreamError(error.code(), f"encoder {address}: {error.details()}") from None
+        order = encoder_order(items[0].range.content_hash, self.encoders)
+        candidates = [address, *[a for a in order if a != address]]
+        for candidate in candidates:
+            stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(candidate))
+            try:
+                return await stub.Encode(request)
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in _REPLICA_FAILURES or candidate == candidates[-1]:
+                    raise DownstreamError(
+                        error.code(), f"encoder {candidate}: {error.details()}"
+                    ) from None
+                self.encoders.mark_down(candidate, error.code().name)
+        raise AssertionError("unreachable")
 
     async def _encode_outcome(self, encode_task: asyncio.Task) -> tuple[int, int]:
         """(computed, cached) unique items. The decoder finished, so every item was

@@ -6,10 +6,16 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 
-from gateway.router import DecoderRouter, rendezvous_order
+from gateway.replicas import ReplicaSet, resolve
+from gateway.router import DecoderRouter, encoder_order, rendezvous_order
+from tessera.channels import ChannelPool
 
 ENCODERS = ["10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052"]
 HASHES = [hashlib.blake2b(str(i).encode(), digest_size=32).hexdigest() for i in range(1000)]
+
+
+def replicas(*addresses: str) -> ReplicaSet:
+    return ReplicaSet("test", list(addresses), ChannelPool(), retry_seconds=60)
 
 
 def first_choices(addresses: list[str]) -> dict[str, str]:
@@ -74,7 +80,7 @@ def test_single_encoder_and_none():
 
 
 def test_decoder_router_picks_least_outstanding():
-    router = DecoderRouter(["d1", "d2", "d3"])
+    router = DecoderRouter(replicas("d1", "d2", "d3"))
     assert [router.acquire() for _ in range(3)] == ["d1", "d2", "d3"]
     router.release("d2")
     assert router.acquire() == "d2"
@@ -82,16 +88,64 @@ def test_decoder_router_picks_least_outstanding():
 
 
 def test_decoder_router_spreads_concurrent_requests():
-    router = DecoderRouter(["d1", "d2"])
+    router = DecoderRouter(replicas("d1", "d2"))
     counts = Counter(router.acquire() for _ in range(10))
     assert counts == Counter({"d1": 5, "d2": 5})
 
 
 def test_decoder_router_release_makes_a_busy_decoder_preferred_again():
-    router = DecoderRouter(["d1", "d2"])
+    router = DecoderRouter(replicas("d1", "d2"))
     router.acquire()  # d1
     router.acquire()  # d2
     router.acquire()  # d1 (now 2)
     router.release("d1")
     router.release("d1")
     assert router.acquire() == "d1"
+
+
+def test_decoder_router_skips_excluded_and_set_aside_decoders():
+    decoders = replicas("d1", "d2", "d3")
+    router = DecoderRouter(decoders)
+    decoders.mark_down("d1", "test")
+    assert router.acquire(exclude=["d2"]) == "d3"
+    assert router.acquire(exclude=["d2", "d3"]) is None
+    decoders.mark_up("d1")
+    assert router.acquire(exclude=["d2", "d3"]) == "d1"
+
+
+def test_all_replicas_set_aside_are_all_offered():
+    encoders = replicas(*ENCODERS)
+    for address in ENCODERS:
+        encoders.mark_down(address, "test")
+    assert sorted(encoders.live()) == sorted(ENCODERS)
+
+
+def test_encoder_order_puts_set_aside_encoders_last():
+    encoders = replicas(*ENCODERS)
+    for content_hash in HASHES[:50]:
+        first = rendezvous_order(content_hash, ENCODERS)[0]
+        encoders.mark_down(first, "test")
+        order = encoder_order(content_hash, encoders)
+        assert order[-1] == first and sorted(order) == sorted(ENCODERS)
+        assert order[:-1] == rendezvous_order(content_hash, [a for a in ENCODERS if a != first])
+        encoders.mark_up(first)
+
+
+def test_dns_targets_resolve_to_every_address():
+    import asyncio
+
+    addresses = asyncio.run(resolve("dns:///localhost:50052"))
+    assert "127.0.0.1:50052" in addresses
+    assert asyncio.run(resolve("10.1.2.3:7")) == ["10.1.2.3:7"]
+
+
+def test_replica_set_resolves_dns_targets_on_start():
+    import asyncio
+
+    async def started() -> list[str]:
+        replica_set = ReplicaSet("test", ["dns:///localhost:9", "10.0.0.9:9"], ChannelPool())
+        await replica_set.refresh()
+        return replica_set.addresses
+
+    addresses = asyncio.run(started())
+    assert "127.0.0.1:9" in addresses and "10.0.0.9:9" in addresses

@@ -1,0 +1,124 @@
+"""The live replicas of one service, from a static list or from DNS.
+
+Targets are `host:port` or `dns:///name:port`; the latter resolves to every address of
+the name (a headless Kubernetes Service lists one per pod) and is resolved again every
+`refresh_seconds`. A replica that fails a call or a health check is set aside for
+`retry_seconds`, then tried again; when every replica is set aside, all are offered
+(a request is better tried than refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tessera.channels import ChannelPool
+
+log = logging.getLogger("tessera.gateway.replicas")
+
+DNS_PREFIX = "dns:///"
+
+
+def split_host_port(target: str) -> tuple[str, int]:
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{target!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+async def resolve(target: str) -> list[str]:
+    """`dns:///name:port` -> every `ip:port` of the name; anything else as it is."""
+    if not target.startswith(DNS_PREFIX):
+        return [target]
+    host, port = split_host_port(target[len(DNS_PREFIX) :])
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = []
+    for family, _, _, _, sockaddr in infos:
+        address = (
+            f"[{sockaddr[0]}]:{port}" if family == socket.AF_INET6 else f"{sockaddr[0]}:{port}"
+        )
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
+
+
+class ReplicaSet:
+    def __init__(
+        self,
+        name: str,
+        targets: Sequence[str],
+        channels: ChannelPool,
+        refresh_seconds: float = 10.0,
+        retry_seconds: float = 5.0,
+    ):
+        self.name = name
+        self.targets = list(targets)
+        self.channels = channels
+        self.refresh_seconds = refresh_seconds
+        self.retry_seconds = retry_seconds
+        self._addresses: list[str] = [t for t in targets if not t.startswith(DNS_PREFIX)]
+        self._down_until: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._maintain(), name=f"{self.name}-replicas")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self._addresses)
+
+    def live(self) -> list[str]:
+        """Replicas not set aside; every replica if all are."""
+        now = time.monotonic()
+        up = [a for a in self._addresses if self._down_until.get(a, 0) <= now]
+        return up or list(self._addresses)
+
+    def mark_down(self, address: str, reason: str) -> None:
+        if self._down_until.get(address, 0) <= time.monotonic():
+            log.warning(
+                "%s %s set aside for %.0fs: %s", self.name, address, self.retry_seconds, reason
+            )
+        self._down_until[address] = time.monotonic() + self.retry_seconds
+
+    def mark_up(self, address: str) -> None:
+        self._down_until.pop(address, None)
+
+    async def refresh(self) -> None:
+        addresses: list[str] = []
+        for target in self.targets:
+            try:
+                addresses += [a for a in await resolve(target) if a not in addresses]
+            except OSError as error:
+                log.warning("cannot resolve %s: %s", target, error)
+        if addresses and addresses != self._addresses:
+            log.info("%s replicas: %s", self.name, ", ".join(addresses))
+            self._addresses = addresses
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_seconds)
+            await self.refresh()
+            await asyncio.gather(*(self._probe(a) for a in self._addresses))
+
+    async def _probe(self, address: str) -> None:
+        stub = health_pb2_grpc.HealthStub(self.channels.get(address))
+        try:
+            response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.aio.AioRpcError as error:
+            self.mark_down(address, f"health check: {error.code().name}")
+            return
+        if response.status == health_pb2.HealthCheckResponse.SERVING:
+            self.mark_up(address)
+        else:
+            self.mark_down(address, "health check: not serving")
