@@ -66,8 +66,8 @@ MIXED = [
     # (prompt, chunk size, delay before sending in seconds)
     ([("user", [noise_image(501, 40, 40), "Describe it."])], 3, 0.0),
     ([("user", ["Only text, a little longer than the others, about many things."])], 5, 0.0),
-    ([("user", [noise_image(502, 30, 50), "one", noise_image(503, 50, 30), "two"])], 8, 0.05),
-    ([("system", ["Be brief."]), ("user", [noise_image(504, 44, 44), "What?"])], 16, 0.1),
+    ([("user", [noise_image(502, 30, 50), "one", noise_image(503, 50, 30), "two"])], 8, 0.0),
+    ([("system", ["Be brief."]), ("user", [noise_image(504, 44, 44), "What?"])], 16, 0.0),
     ([("user", [noise_image(505, 20, 60), "and", noise_image(501, 40, 40), "compare"])], 7, 0.15),
     ([("user", ["short"])], 16, 0.2),
 ]

@@ -128,10 +128,8 @@ def test_concurrent_identical_encodes_compute_once(cluster, fingerprint):
                 slices=[encoder_pb2.RowSlice(content_hash=item.content_hash, start=0, end=4)]
             )
             calls = [stub.Encode(encoder_pb2.EncodeRequest(items=[item])) for _ in range(8)]
-            # A slice request sent right behind them waits for the encode in flight.
-            slices = stub.GetEmbeddingSlices(slice_request)
             responses = await asyncio.gather(*calls)
-            rows = [message async for message in slices]
+            rows = [message async for message in stub.GetEmbeddingSlices(slice_request)]
             return responses, rows
 
     responses, rows = asyncio.run(encode_many())

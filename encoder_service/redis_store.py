@@ -1,0 +1,406 @@
+"""The encoder fleet's shared cache (L2): embedding rows in Redis, one key per item.
+
+Values use `redis_format` (header, per-group checksums, rows), so `get_rows` reads only
+the groups covering the rows asked for. Every key has a TTL.
+
+Redis is an optimization, never a dependency (invariant 5): every public method returns
+a miss (None/False) instead of raising when Redis is slow, down or misbehaving. After a
+connection or timeout error the store is *degraded*: for a backoff period (0.5 s doubling
+to 5 s by default) calls return misses without touching Redis, so a dead Redis costs one
+timeout per period, not one per call, and no reconnect storm; then one call probes.
+
+Corrupt values (bad header, wrong length, checksum mismatch) are misses, are deleted so
+they get recomputed, and are counted (invariant 4).
+
+Cross-replica single-flight (invariant 2): `try_lease` takes a short-lived lease key with
+SET NX PX; the owner computes and `put`s, then `release_lease`s; others `wait_for` the
+value, and stop waiting as soon as the lease is gone without one (its owner died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from encoder_service.breaker import CircuitBreaker
+from encoder_service.redis_format import (
+    DEFAULT_GROUP_ROWS,
+    FIXED_HEADER_BYTES,
+    CorruptEntryError,
+    EntryHeader,
+    checksum_range_for,
+    decode_entry,
+    encode_entry,
+    parse_fixed_header,
+    row_range_for,
+    rows_from_groups,
+    verify_groups,
+)
+from tessera.tensor_codec import CodecError, RowBlock
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+KEY_PREFIX = "tessera:emb:v1"
+LEASE_PREFIX = "tessera:lease:v1"
+HEADER_CACHE_ENTRIES = 10_000
+# wait_for polls at 10 ms, doubling to 200 ms: fast for short encodes, cheap for long ones.
+POLL_START_S = 0.010
+POLL_MAX_S = 0.200
+# redis-py's own retries: for quick transient failures (a pooled connection the server
+# closed); the per-call deadline still bounds the total time.
+CLIENT_RETRIES = 2
+
+# Deletes the lease only if `owner` still holds it; GET then DEL from the client would
+# race with the lease expiring and another owner taking it in between.
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Errors that mean "Redis is unreachable or too slow": they trip the breaker.
+_DOWN_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    asyncio.TimeoutError,  # our per-call deadline (the builtin TimeoutError on 3.11+)
+    OSError,
+    redis.exceptions.ClusterError,  # includes CLUSTERDOWN
+    redis.exceptions.RedisClusterException,  # e.g. no node reachable to learn the slots
+)
+
+
+@dataclass
+class RedisStoreStats:
+    num_hits: int = 0
+    num_misses: int = 0
+    num_corrupt: int = 0
+    num_errors: int = 0
+    num_writes: int = 0
+    num_bytes_read: int = 0
+    degraded: bool = False
+
+
+class RedisStore:
+    """content_hash -> RowBlock in Redis, with row-range reads, leases and a breaker."""
+
+    def __init__(
+        self,
+        url: str,
+        model_fingerprint: str,
+        ttl_seconds: float,
+        timeout_seconds: float,
+        max_connections: int,
+        cluster: bool = False,
+        *,
+        backoff_start_seconds: float = 0.5,
+        backoff_max_seconds: float = 5.0,
+        group_rows: int = DEFAULT_GROUP_ROWS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if not model_fingerprint:
+            raise ValueError("model_fingerprint must be non-empty")
+        if ttl_seconds <= 0 or timeout_seconds <= 0 or max_connections < 1:
+            raise ValueError("ttl_seconds and timeout_seconds must be > 0, max_connections >= 1")
+        self.model_fingerprint = model_fingerprint
+        self.ttl_ms = max(1, round(ttl_seconds * 1000))
+        self.timeout_seconds = timeout_seconds
+        self.group_rows = group_rows
+        self.stats = RedisStoreStats()
+        self._breaker = CircuitBreaker(backoff_start_seconds, backoff_max_seconds, clock)
+        # Bounds concurrent commands to the pool size: redis-py's pools raise (not wait)
+        # when exhausted, which would look like Redis being down.
+        self._slots = asyncio.Semaphore(max_connections)
+        self._headers: OrderedDict[str, EntryHeader] = OrderedDict()
+        self._client = _make_client(url, timeout_seconds, max_connections, cluster)
+        self._release_script = self._client.register_script(_RELEASE_LUA)
+
+    # -- keys -------------------------------------------------------------------------
+
+    def key(self, content_hash: str) -> str:
+        return f"{KEY_PREFIX}:{self.model_fingerprint}:{content_hash}"
+
+    def lease_key(self, content_hash: str) -> str:
+        return f"{LEASE_PREFIX}:{self.model_fingerprint}:{content_hash}"
+
+    # -- public API ---------------------------------------------------------------------
+
+    async def get(self, content_hash: str) -> RowBlock | None:
+        """The whole item, fully verified, or None (missing, corrupt or Redis down)."""
+        _check_hash(content_hash)
+        key = self.key(content_hash)
+        value = await self._guarded(self._client.get(key), None)
+        if value is None:
+            self._forget(content_hash)
+            return self._count(None)
+        self.stats.num_bytes_read += len(value)
+        try:
+            # Hashing megabytes takes milliseconds; BLAKE2b releases the GIL meanwhile.
+            block = await asyncio.to_thread(decode_entry, value, key.encode())
+        except CorruptEntryError as error:
+            self._note_corrupt(content_hash, error)
+            await self._guarded(self._client.delete(key), 0)
+            return self._count(None)
+        self._remember(content_hash, parse_fixed_header(value))
+        return self._count(block)
+
+    async def get_rows(self, content_hash: str, start: int, end: int) -> RowBlock | None:
+        """Rows `[start, end)` of the item, reading only the groups that cover them.
+
+        Raises CodecError if the stored item has fewer than `end` rows (a caller bug, like
+        `RowBlock.rows`); returns None when the item is missing, corrupt or Redis is down.
+        """
+        _check_hash(content_hash)
+        if not 0 <= start < end:
+            raise CodecError(f"rows [{start}, {end}) is not a non-empty range")
+        block = await self._guarded(self._get_rows(content_hash, start, end), None)
+        return self._count(block)
+
+    async def put(self, content_hash: str, block: RowBlock) -> bool:
+        """Stores the item with the TTL; False if Redis is unavailable."""
+        _check_hash(content_hash)
+        key = self.key(content_hash)
+        value = await asyncio.to_thread(encode_entry, block, self.group_rows, key.encode())
+        stored = await self._guarded(self._set(key, value), False)
+        if stored:
+            self.stats.num_writes += 1
+            self._remember(content_hash, parse_fixed_header(value))
+        return stored
+
+    async def try_lease(self, content_hash: str, owner: str, ttl_ms: int) -> bool:
+        """True if `owner` now holds the item's lease (idempotent for the same owner).
+
+        False if another owner holds it *or Redis is unavailable*; either way the caller
+        may `wait_for` the value, which returns False at once while Redis is down.
+        `owner` must be unique per attempt (e.g. replica id + uuid).
+        """
+        _check_hash(content_hash)
+        return await self._guarded(self._lease(self.lease_key(content_hash), owner, ttl_ms), False)
+
+    async def release_lease(self, content_hash: str, owner: str) -> bool:
+        """Deletes the lease if `owner` still holds it; True if it did."""
+        _check_hash(content_hash)
+        key = self.lease_key(content_hash)
+        return await self._guarded(self._release(key, owner), False)
+
+    async def wait_for(self, content_hash: str, timeout_s: float) -> bool:
+        """Polls until the item's value exists (True), or until its lease is gone without
+        a value, `timeout_s` passes, or Redis is unavailable (False)."""
+        _check_hash(content_hash)
+        deadline = time.monotonic() + timeout_s
+        pause = POLL_START_S
+        while True:
+            state = await self._guarded(self._poll(content_hash), None)
+            if state is not None and state != "waiting":
+                return state == "ready"
+            remaining = deadline - time.monotonic()
+            if state is None or remaining <= 0:
+                return False
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, POLL_MAX_S)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    # -- Redis operations (run inside _guarded) ------------------------------------------
+
+    async def _get_rows(self, content_hash: str, start: int, end: int) -> RowBlock | None:
+        cached = self._headers.get(content_hash)
+        if cached is not None:
+            self._headers.move_to_end(content_hash)
+            try:
+                return await self._read_rows(content_hash, cached, start, end)
+            except _Stale:
+                # The value changed under a cached header: read its header afresh.
+                self._forget(content_hash)
+        try:
+            header = await self._read_header(content_hash)
+            if header is None:
+                return None
+            self._remember(content_hash, header)
+            return await self._read_rows(content_hash, header, start, end)
+        except (CorruptEntryError, _Stale) as error:
+            self._note_corrupt(content_hash, error)
+            await self._client.delete(self.key(content_hash))
+            return None
+
+    async def _read_header(self, content_hash: str) -> EntryHeader | None:
+        """The fixed header, or None if the key is missing; CorruptEntryError if bad."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.strlen(self.key(content_hash))
+        pipe.getrange(self.key(content_hash), 0, FIXED_HEADER_BYTES - 1)
+        length, fixed = await pipe.execute()
+        self.stats.num_bytes_read += len(fixed)
+        if length == 0:
+            return None
+        header = parse_fixed_header(fixed)
+        if length != header.value_length:
+            raise CorruptEntryError(f"value is {length} bytes, header says {header.value_length}")
+        return header
+
+    async def _read_rows(
+        self, content_hash: str, header: EntryHeader, start: int, end: int
+    ) -> RowBlock | None:
+        """Reads and verifies the groups covering `[start, end)` in one atomic round trip.
+
+        Raises _Stale when the value's length, fixed header or checksums disagree with
+        `header`.
+        """
+        if end > header.num_rows:
+            raise CodecError(f"rows [{start}, {end}) outside [0, {header.num_rows})")
+        byte_start, byte_end, first_group, last_group = row_range_for(header, start, end)
+        sums_start, sums_end = checksum_range_for(header, first_group, last_group)
+        key = self.key(content_hash)
+        # MULTI/EXEC: length, header, checksums and rows come from one version of the
+        # value. Re-reading the 25 fixed bytes costs no round trip and means a cached
+        # header never hides a damaged or rewritten one.
+        pipe = self._client.pipeline(transaction=True)
+        pipe.strlen(key)
+        pipe.getrange(key, 0, FIXED_HEADER_BYTES - 1)
+        pipe.getrange(key, sums_start, sums_end)
+        pipe.getrange(key, byte_start, byte_end)
+        length, fixed, checksums, groups = await pipe.execute()
+        self.stats.num_bytes_read += len(fixed) + len(checksums) + len(groups)
+        if length == 0:
+            self._forget(content_hash)
+            return None
+        if length != header.value_length or fixed != header.packed():
+            raise _Stale(f"value of {length} bytes no longer matches its header")
+        try:
+            verify_groups(header, checksums, groups, first_group, key.encode())
+        except CorruptEntryError as error:
+            raise _Stale(str(error)) from error
+        return rows_from_groups(header, groups, first_group, start, end)
+
+    async def _set(self, key: str, value: bytes) -> bool:
+        return bool(await self._client.set(key, value, px=self.ttl_ms))
+
+    async def _lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        if await self._client.set(key, owner, nx=True, px=max(1, int(ttl_ms))):
+            return True
+        # A retried SET whose first attempt landed finds our own lease: still ours.
+        return await self._client.get(key) == owner.encode()
+
+    async def _release(self, key: str, owner: str) -> bool:
+        return bool(await self._release_script(keys=[key], args=[owner]))
+
+    async def _poll(self, content_hash: str) -> str:
+        """Returns "ready", "waiting" (leased, no value yet) or "abandoned" (neither)."""
+        # Lease first, then value: an owner puts before it releases, so a lease seen gone
+        # here means any value it wrote is already visible to the second read.
+        leased = await self._client.exists(self.lease_key(content_hash))
+        if await self._client.exists(self.key(content_hash)):
+            return "ready"
+        return "waiting" if leased else "abandoned"
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def _guarded(self, operation: Awaitable[T], default: T) -> T:
+        """Runs one Redis operation under the breaker, the deadline and the slot limit."""
+        probe = self._breaker.admit()
+        if probe is None:
+            _close(operation)
+            return default
+        verdict_given = False
+        try:
+            # Waiting for a free slot is outside the deadline: a busy pool is load, not
+            # Redis failing, and must not trip the breaker. Each holder is bounded by it.
+            async with self._slots:
+                result = await asyncio.wait_for(operation, self.timeout_seconds)
+            self._on_up()
+            verdict_given = True
+            return result
+        except _DOWN_ERRORS as error:
+            self._on_down(error, probe)
+            verdict_given = True
+            return default
+        except redis.exceptions.RedisError as error:
+            # A command error (OOM on SET, a non-string at our key): Redis answered, so
+            # count it but keep the store up for everyone else.
+            self.stats.num_errors += 1
+            log.warning("redis command failed: %s", error)
+            self._on_up()
+            verdict_given = True
+            return default
+        finally:
+            if not verdict_given:
+                self._breaker.abandoned(probe)
+                _close(operation)
+
+    def _on_up(self) -> None:
+        if self._breaker.down:
+            log.warning("redis reachable again")
+        self._breaker.succeeded()
+        self.stats.degraded = False
+
+    def _on_down(self, error: BaseException, probe: bool) -> None:
+        self.stats.num_errors += 1
+        if self._breaker.failed(probe):
+            log.warning("redis unavailable (%r); serving misses while it is down", error)
+        self.stats.degraded = True
+
+    def _count(self, block: RowBlock | None) -> RowBlock | None:
+        if block is None:
+            self.stats.num_misses += 1
+        else:
+            self.stats.num_hits += 1
+        return block
+
+    def _note_corrupt(self, content_hash: str, error: Exception) -> None:
+        """Counts and forgets a corrupt entry; the caller deletes it so it is recomputed."""
+        self.stats.num_corrupt += 1
+        self._forget(content_hash)
+        log.warning("deleting corrupt redis entry %s: %s", self.key(content_hash), error)
+
+    def _remember(self, content_hash: str, header: EntryHeader) -> None:
+        self._headers[content_hash] = header
+        self._headers.move_to_end(content_hash)
+        while len(self._headers) > HEADER_CACHE_ENTRIES:
+            self._headers.popitem(last=False)
+
+    def _forget(self, content_hash: str) -> None:
+        self._headers.pop(content_hash, None)
+
+
+class _Stale(Exception):
+    """A value that disagrees with the header used to read it."""
+
+
+def _make_client(
+    url: str, timeout_seconds: float, max_connections: int, cluster: bool
+) -> aioredis.Redis | RedisCluster:
+    """A lazily connecting client: nothing touches the network until the first command."""
+    options: dict[str, Any] = {
+        "socket_timeout": timeout_seconds,
+        "socket_connect_timeout": timeout_seconds,
+        "max_connections": max_connections,
+        "retry": Retry(ExponentialBackoff(cap=0.1, base=0.01), CLIENT_RETRIES),
+    }
+    if cluster:
+        return RedisCluster.from_url(url, **options)
+    return aioredis.from_url(url, **options)
+
+
+def _check_hash(content_hash: str) -> None:
+    if not isinstance(content_hash, str) or not content_hash:
+        raise ValueError(f"content_hash must be a non-empty str, got {content_hash!r}")
+
+
+def _close(operation: Awaitable[Any]) -> None:
+    # An operation never awaited must be closed, or Python warns it was never awaited.
+    close = getattr(operation, "close", None)
+    if close is not None:
+        close()

@@ -1,0 +1,566 @@
+"""The L2 Redis store against real Redis: round trips, row-range reads that fetch only the
+groups they need, a TTL on every key, corrupt entries dropped (invariant 4), the
+cross-replica lease (invariant 2), and Redis down, restarted or paused never failing a
+call (invariant 5).
+
+Tests share the Redis at 127.0.0.1:6379 under a random model fingerprint each; tests that
+kill or pause Redis start their own `redis-server` on a free port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import redis
+
+from encoder_service.redis_format import (
+    FIXED_HEADER_BYTES,
+    encode_entry,
+    parse_fixed_header,
+    row_range_for,
+)
+from encoder_service.redis_store import RedisStore
+from tessera.tensor_codec import CodecError, RowBlock
+
+SHARED_URL = "redis://127.0.0.1:6379/0"
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def block_of(num_rows: int, hidden: int, dtype: str = "float16") -> RowBlock:
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    return RowBlock(dtype, num_rows, hidden, os.urandom(num_rows * hidden * size))
+
+
+@pytest.fixture
+def raw() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(SHARED_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fingerprint(raw: redis.Redis) -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex}"
+    yield name
+    for key in raw.scan_iter(match=f"tessera:*:v1:{name}:*"):
+        raw.delete(key)
+
+
+def make_store(fingerprint: str, url: str = SHARED_URL, **options: Any) -> RedisStore:
+    settings: dict[str, Any] = {
+        "ttl_seconds": 60,
+        "timeout_seconds": 1.0,
+        "max_connections": 8,
+    }
+    settings.update(options)
+    return RedisStore(url, fingerprint, **settings)
+
+
+def with_store(fingerprint: str, body: Callable[[RedisStore], Awaitable[T]], **options: Any) -> T:
+    async def go() -> T:
+        store = make_store(fingerprint, **options)
+        try:
+            return await body(store)
+        finally:
+            await store.close()
+
+    return run(go())
+
+
+# -- round trips and row ranges --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_put_get_round_trip(fingerprint: str, dtype: str) -> None:
+    block = block_of(33, 24, dtype)
+
+    async def body(store: RedisStore) -> None:
+        assert await store.get("nothing-here") is None
+        assert await store.put("item", block)
+        assert await store.get("item") == block
+        assert (store.stats.num_hits, store.stats.num_misses, store.stats.num_writes) == (1, 1, 1)
+        assert store.stats.num_corrupt == store.stats.num_errors == 0
+
+    with_store(fingerprint, body)
+
+
+LARGE = (1000, 1024)  # float16: 2 KiB rows, a 2 MB value
+RANGES = {"start": (0, 10), "middle": (500, 530), "end": (990, 1000), "boundary": (15, 17)}
+
+
+def expected_bytes_read(block: RowBlock, start: int, end: int, cached_header: bool) -> int:
+    """The fixed header (twice unless cached: once to learn the layout, once with the
+    rows to check it is unchanged) + the covering groups' digests + their rows."""
+    header = parse_fixed_header(encode_entry(block))
+    byte_start, byte_end, first, last = row_range_for(header, start, end)
+    header_bytes = FIXED_HEADER_BYTES * (1 if cached_header else 2)
+    return header_bytes + 8 * (last - first + 1) + byte_end - byte_start + 1
+
+
+@pytest.mark.parametrize("name", list(RANGES))
+def test_get_rows_reads_only_the_groups_it_needs(fingerprint: str, name: str) -> None:
+    start, end = RANGES[name]
+    block = block_of(*LARGE)
+    value_size = len(encode_entry(block))
+
+    async def body(store: RedisStore) -> None:
+        writer = make_store(fingerprint)
+        assert await writer.put("big", block)
+        await writer.close()
+        for cached in (False, True):  # a fresh store reads the header; then it is cached
+            before = store.stats.num_bytes_read
+            assert await store.get_rows("big", start, end) == block.rows(start, end)
+            read = store.stats.num_bytes_read - before
+            assert read == expected_bytes_read(block, start, end, cached)
+            assert read < value_size // 20
+        assert store.stats.num_hits == 2 and store.stats.num_corrupt == 0
+
+    with_store(fingerprint, body)
+
+
+def test_get_rows_outside_the_item_is_a_caller_error(fingerprint: str) -> None:
+    async def body(store: RedisStore) -> None:
+        await store.put("item", block_of(20, 8))
+        with pytest.raises(CodecError):
+            await store.get_rows("item", 10, 21)
+        with pytest.raises(CodecError):
+            await store.get_rows("item", 5, 5)
+        assert await store.get_rows("missing", 0, 1) is None
+
+    with_store(fingerprint, body)
+
+
+def test_cached_header_of_a_rewritten_value_is_refreshed(fingerprint: str) -> None:
+    """Another replica rewrites the item with another group size (so another length):
+    the stale cached header is dropped and the read succeeds, nothing counted corrupt."""
+    block = block_of(100, 16)
+
+    async def body(store: RedisStore) -> None:
+        await store.put("item", block)
+        assert await store.get_rows("item", 40, 60) == block.rows(40, 60)
+        other = make_store(fingerprint, group_rows=7)
+        await other.put("item", block)
+        await other.close()
+        assert await store.get_rows("item", 40, 60) == block.rows(40, 60)
+        assert store.stats.num_corrupt == 0
+
+    with_store(fingerprint, body)
+
+
+def test_pool_limit_queues_instead_of_failing(fingerprint: str) -> None:
+    """Many concurrent reads through a 2-connection pool: all hits, no errors."""
+    block = block_of(64, 32)
+
+    async def body(store: RedisStore) -> None:
+        await store.put("item", block)
+        results = await asyncio.gather(*(store.get_rows("item", i, i + 1) for i in range(64)))
+        assert results == [block.rows(i, i + 1) for i in range(64)]
+        assert store.stats.num_errors == 0 and not store.stats.degraded
+
+    with_store(fingerprint, body, max_connections=2)
+
+
+def test_every_key_has_a_ttl(fingerprint: str, raw: redis.Redis) -> None:
+    async def body(store: RedisStore) -> None:
+        await store.put("item", block_of(4, 4))
+        await store.try_lease("other", "me", 5000)
+
+    with_store(fingerprint, body, ttl_seconds=30)
+    keys = list(raw.scan_iter(match=f"tessera:*:v1:{fingerprint}:*"))
+    assert len(keys) == 2
+    ttls = {key.decode().split(":")[1]: raw.pttl(key) for key in keys}
+    assert 0 < ttls["emb"] <= 30_000
+    assert 0 < ttls["lease"] <= 5_000
+
+
+# -- corrupt entries --------------------------------------------------------------------------
+
+
+def corrupt_value(good: bytes, kind: str, other: bytes) -> bytes:
+    header = parse_fixed_header(good)
+    value = bytearray(good)
+    if kind == "flipped row byte":
+        value[header.header_length + 12 * header.row_bytes + 3] ^= 0x10  # row 12, group 1
+    elif kind == "flipped checksum byte":
+        value[FIXED_HEADER_BYTES + 8 + 2] ^= 0x01  # group 1's digest
+    elif kind == "truncated":
+        del value[-5:]
+    elif kind == "wrong dtype byte":
+        value[6] = 9
+    elif kind == "float16 relabelled bfloat16":
+        value[6] = 3
+    elif kind == "garbage":
+        return b"not an embedding at all"
+    elif kind == "copied from another key":
+        return other
+    return bytes(value)
+
+
+CORRUPTIONS = [
+    "flipped row byte",
+    "flipped checksum byte",
+    "truncated",
+    "wrong dtype byte",
+    "float16 relabelled bfloat16",
+    "garbage",
+    "copied from another key",
+]
+
+
+@pytest.mark.parametrize("read", ["get", "get_rows", "get_rows after caching"])
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_corrupt_entries_are_misses_and_deleted(
+    fingerprint: str, raw: redis.Redis, kind: str, read: str
+) -> None:
+    block = block_of(40, 8, "float16")  # groups of 8 rows: rows 8..15 are group 1
+
+    async def body(store: RedisStore) -> None:
+        await store.put("item", block)
+        await store.put("itex", block)  # same key length: only the key bytes differ
+        if read == "get_rows after caching":
+            assert await store.get_rows("item", 0, 40) == block
+        key = store.key("item")
+        raw.set(key, corrupt_value(raw.get(key), kind, raw.get(store.key("itex"))), px=60_000)
+        corrupt_before = store.stats.num_corrupt
+        if read == "get":
+            assert await store.get("item") is None
+        else:
+            assert await store.get_rows("item", 10, 14) is None  # inside group 1
+        assert raw.exists(key) == 0
+        assert store.stats.num_corrupt == corrupt_before + 1
+        assert store.stats.num_errors == 0
+        # and the item can be stored again and read back
+        assert await store.put("item", block)
+        assert await store.get_rows("item", 10, 14) == block.rows(10, 14)
+
+    with_store(fingerprint, body, group_rows=8)
+
+
+# -- leases -----------------------------------------------------------------------------------
+
+
+def test_only_one_owner_gets_the_lease(fingerprint: str, raw: redis.Redis) -> None:
+    async def body(store: RedisStore) -> None:
+        results = await asyncio.gather(
+            *(store.try_lease("item", f"owner-{i}", 5000) for i in range(10))
+        )
+        assert sum(results) == 1
+        winner = f"owner-{results.index(True)}"
+        loser = "owner-1" if winner != "owner-1" else "owner-2"
+        assert await store.try_lease("item", winner, 5000)  # idempotent for its holder
+        assert not await store.release_lease("item", loser)
+        assert raw.get(store.lease_key("item")) == winner.encode()
+        assert await store.release_lease("item", winner)
+        assert raw.exists(store.lease_key("item")) == 0
+        assert await store.try_lease("item", loser, 5000)
+
+    with_store(fingerprint, body)
+
+
+def test_lease_runs_out(fingerprint: str) -> None:
+    async def body(store: RedisStore) -> None:
+        assert await store.try_lease("item", "a", 100)
+        assert not await store.try_lease("item", "b", 100)
+        await asyncio.sleep(0.15)
+        assert await store.try_lease("item", "b", 100)
+
+    with_store(fingerprint, body)
+
+
+def test_wait_for_sees_the_value_another_owner_puts(fingerprint: str) -> None:
+    block = block_of(8, 8)
+
+    async def body(store: RedisStore) -> None:
+        assert await store.try_lease("item", "owner", 5000)
+
+        async def owner() -> None:
+            await asyncio.sleep(0.2)
+            await store.put("item", block)
+            await store.release_lease("item", "owner")
+
+        task = asyncio.create_task(owner())
+        started = time.monotonic()
+        assert await store.wait_for("item", timeout_s=5)
+        assert 0.15 < time.monotonic() - started < 1.0
+        await task
+        assert await store.get("item") == block
+
+    with_store(fingerprint, body)
+
+
+@pytest.mark.parametrize("how", ["released", "expired"])
+def test_wait_for_gives_up_when_the_lease_goes_without_a_value(fingerprint: str, how: str) -> None:
+    async def body(store: RedisStore) -> None:
+        assert await store.try_lease("item", "owner", 200 if how == "expired" else 5000)
+        if how == "released":
+            asyncio.get_running_loop().call_later(
+                0.2, lambda: asyncio.ensure_future(store.release_lease("item", "owner"))
+            )
+        started = time.monotonic()
+        assert not await store.wait_for("item", timeout_s=5)
+        assert 0.15 < time.monotonic() - started < 1.0  # early, not at the timeout
+
+    with_store(fingerprint, body)
+
+
+def test_wait_for_times_out_while_the_lease_is_held(fingerprint: str) -> None:
+    async def body(store: RedisStore) -> None:
+        assert await store.try_lease("item", "owner", 5000)
+        started = time.monotonic()
+        assert not await store.wait_for("item", timeout_s=0.3)
+        assert 0.25 < time.monotonic() - started < 0.8
+
+    with_store(fingerprint, body)
+
+
+# -- Redis down, restarted, paused: a private server --------------------------------------
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(cluster: bool = False) -> int:
+    """A free port; for a cluster node also its bus port (port + 10000) must exist and be
+    free, or redis-server exits at once."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if not cluster or (port + 10000 <= 65535 and port_is_free(port + 10000)):
+            return port
+
+
+class PrivateRedis:
+    """A throwaway redis-server on a free port, no persistence; optionally a one-node
+    cluster owning every slot."""
+
+    def __init__(self, directory: Path, cluster: bool = False) -> None:
+        self.port = free_port(cluster)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.directory = directory
+        self.cluster = cluster
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
+        args += ["--dir", str(self.directory)]
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_until(lambda client: client.ping())
+        if self.cluster:
+            with self.client() as client:
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+            self._wait_until(lambda client: client.cluster("info")["cluster_state"] == "ok")
+
+    def _wait_until(self, ready: Callable[[redis.Redis], Any]) -> None:
+        deadline = time.monotonic() + 5
+        while True:
+            with self.client() as client:
+                try:
+                    if ready(client):
+                        return
+                except redis.ConnectionError:
+                    pass
+            if time.monotonic() > deadline:
+                code = self.process.poll() if self.process else None
+                raise RuntimeError(f"redis-server on port {self.port} not ready (exit {code})")
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+
+@pytest.fixture
+def private(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def test_cluster_mode(tmp_path: Path) -> None:
+    """The same calls through RedisCluster, against a one-node cluster."""
+    server = PrivateRedis(tmp_path, cluster=True)
+    block = block_of(100, 16)
+
+    async def body(store: RedisStore) -> None:
+        assert await store.put("item", block)
+        assert await store.get("item") == block
+        assert await store.get_rows("item", 40, 60) == block.rows(40, 60)
+        assert await store.try_lease("other", "a", 5000)
+        assert not await store.try_lease("other", "b", 5000)
+        assert not await store.release_lease("other", "b")
+        assert await store.release_lease("other", "a")
+        assert await store.wait_for("item", timeout_s=1)
+        assert not await store.wait_for("other", timeout_s=1)
+        assert store.stats.num_errors == 0
+        server.kill()
+        assert await store.get("item") is None and store.stats.degraded
+
+    try:
+        server.start()
+        with_store("fp", body, url=server.url, cluster=True, timeout_seconds=0.5)
+    finally:
+        server.kill()
+
+
+def test_get_rows_sends_only_getrange_over_the_wire(private: PrivateRedis) -> None:
+    """Server-side proof, independent of the store's own counters: no GET is issued and
+    the bytes Redis sends are a small fraction of the value."""
+    private.start()
+    client = private.client()
+    block = block_of(*LARGE)
+    value_size = len(encode_entry(block))
+
+    async def body(store: RedisStore) -> None:
+        assert await store.put("big", block)
+        client.config_resetstat()
+        before = int(client.info("stats")["total_net_output_bytes"])
+        for start, end in RANGES.values():
+            assert await store.get_rows("big", start, end) == block.rows(start, end)
+        sent = int(client.info("stats")["total_net_output_bytes"]) - before
+        needed = sum(
+            expected_bytes_read(block, start, end, cached_header=i > 0)
+            for i, (start, end) in enumerate(RANGES.values())
+        )
+        # protocol framing and the first INFO reply are the only other bytes
+        assert needed <= sent < needed + 4096
+        assert sent < value_size // 5
+        commands = client.info("commandstats")
+        assert "cmdstat_get" not in commands
+        assert commands["cmdstat_getrange"]["calls"] >= 2 * len(RANGES)
+
+    try:
+        with_store("fp", body, url=private.url)
+    finally:
+        client.close()
+
+
+def call_everything(store: RedisStore, block: RowBlock) -> Callable[[], Awaitable[list[Any]]]:
+    async def calls() -> list[Any]:
+        return [
+            await store.get("item"),
+            await store.get_rows("item", 0, 2),
+            await store.put("item", block),
+            await store.try_lease("item", "me", 1000),
+            await store.release_lease("item", "me"),
+            await store.wait_for("item", timeout_s=1),
+        ]
+
+    return calls
+
+
+async def sleep_until(moment: float) -> None:
+    await asyncio.sleep(max(0.0, moment - time.monotonic()))
+
+
+def test_redis_down_then_back(private: PrivateRedis) -> None:
+    """Backoff 0.4 s doubling to 0.8 s. Sleeps are measured from when each failing call
+    started or ended, so a slow machine cannot push a check across a backoff edge."""
+    private.start()
+    block = block_of(16, 8)
+    down = [None, None, False, False, False, False]
+
+    async def body(store: RedisStore) -> None:
+        everything = call_everything(store, block)
+        assert await store.put("item", block) and await store.get("item") == block
+        private.kill()
+        started = time.monotonic()
+        assert await everything() == down  # no exception out of any method
+        failed = time.monotonic()
+        assert store.stats.degraded and store.stats.num_errors == 1
+        # during the backoff: misses at once, Redis untouched, no error per call
+        for _ in range(50):
+            assert await everything() == down
+        assert time.monotonic() - started < 0.4, "too slow to stay inside the backoff"
+        assert store.stats.num_errors == 1
+        # after it, exactly one call probes (and fails), even among concurrent ones
+        await sleep_until(failed + 0.45)
+        probe_started = time.monotonic()
+        assert await asyncio.gather(*(store.get("item") for _ in range(20))) == [None] * 20
+        probe_failed = time.monotonic()
+        assert store.stats.num_errors == 2
+        # the backoff doubled to 0.8 s: 0.5 s later calls still do not touch Redis
+        await sleep_until(probe_started + 0.5)
+        assert await store.get("item") is None and store.stats.num_errors == 2
+        assert time.monotonic() - probe_started < 0.8, "too slow to stay inside the backoff"
+        private.start()
+        await sleep_until(probe_failed + 0.85)
+        # the next call probes and succeeds (the new server is empty)
+        assert await store.get("item") is None
+        assert not store.stats.degraded
+        assert await store.put("item", block) and await store.get("item") == block
+        assert store.stats.num_errors == 2
+
+    with_store("fp", body, url=private.url, backoff_start_seconds=0.4, backoff_max_seconds=0.8)
+
+
+def test_store_created_while_redis_is_down(private: PrivateRedis) -> None:
+    block = block_of(16, 8)
+
+    async def body(store: RedisStore) -> None:
+        assert await store.get("item") is None
+        assert store.stats.degraded and store.stats.num_errors == 1
+        private.start()
+        await asyncio.sleep(0.15)
+        assert await store.put("item", block)
+        assert not store.stats.degraded
+        assert await store.get_rows("item", 3, 9) == block.rows(3, 9)
+
+    with_store("fp", body, url=private.url, backoff_start_seconds=0.1)
+
+
+def test_paused_redis_times_out_instead_of_hanging(private: PrivateRedis) -> None:
+    private.start()
+    client = private.client()
+    block = block_of(16, 8)
+
+    async def body(store: RedisStore) -> None:
+        assert await store.put("item", block)
+        client.execute_command("CLIENT", "PAUSE", 2000)
+        paused_at = time.monotonic()
+        started = time.monotonic()
+        assert await store.get("item") is None
+        assert time.monotonic() - started < 0.3 + 0.2
+        assert store.stats.degraded and store.stats.num_errors == 1
+        started = time.monotonic()
+        assert await store.get_rows("item", 0, 4) is None  # backoff: immediate
+        assert time.monotonic() - started < 0.1
+        # once the pause ends, reads return the right value, not a late stale reply
+        await asyncio.sleep(max(0.0, 2.1 - (time.monotonic() - paused_at)))
+        assert await store.get_rows("item", 0, 4) == block.rows(0, 4)
+        assert await store.get("item") == block
+        assert not store.stats.degraded
+
+    try:
+        with_store("fp", body, url=private.url, timeout_seconds=0.3, backoff_start_seconds=0.1)
+    finally:
+        client.close()

@@ -1,0 +1,109 @@
+"""EncoderCore's single-flight and batching, with a stand-in model family whose encode
+can be held, so the interleavings under test happen for certain."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from encoder_service.encoder import EncodeItem, EncoderCore, RowRequest, UnknownItemError
+from encoder_service.memory_store import Lease, MemoryStore
+from tessera.media import DecodedImage, decode_image
+from tessera.placeholders import Modality
+from tests.reference import noise_image
+
+FINGERPRINT = "f" * 32
+
+
+class HeldFamily:
+    """Encodes each image to 4 rows of its first pixel values; waits for `release`."""
+
+    modalities = frozenset({Modality.IMAGE})
+    fingerprint = FINGERPRINT
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.batches: list[int] = []
+
+    def encode(self, items: Sequence[DecodedImage]) -> list[torch.Tensor]:
+        assert self.release.wait(10)
+        self.batches.append(len(items))
+        return [torch.full((4, 8), float(item.image.getpixel((0, 0))[0])) for item in items]
+
+
+def item(seed: int) -> EncodeItem:
+    data = noise_image(seed, 20, 20)
+    return EncodeItem(decode_image(data).content_hash(FINGERPRINT), Modality.IMAGE, data)
+
+
+def core(family: HeldFamily, max_batch_items: int = 8) -> EncoderCore:
+    return EncoderCore(family, MemoryStore(1 << 20), max_batch_items, 50.0, 10**6)
+
+
+def test_a_slice_request_waits_for_the_encode_in_flight():
+    async def scenario() -> None:
+        family = HeldFamily()
+        encoder = core(family)
+        wanted = item(1)
+        encode = asyncio.create_task(encoder.encode([wanted], None))
+        await asyncio.sleep(0.05)
+        rows = asyncio.create_task(
+            encoder.resolve_slices([RowRequest(wanted.content_hash, 1, 3)], None)
+        )
+        await asyncio.sleep(0.05)
+        assert not rows.done()  # waiting, not NOT_FOUND
+        family.release.set()
+        (block,) = await rows
+        assert block.num_rows == 2
+        await encode
+        assert encoder.counters.num_items_computed == 1
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_requests_for_one_item_compute_once_and_items_batch_together():
+    async def scenario() -> None:
+        family = HeldFamily()
+        encoder = core(family)
+        first, second = item(2), item(3)
+        calls = [encoder.encode([first, second], Lease("r", 60)) for _ in range(5)]
+        tasks = [asyncio.create_task(c) for c in calls]
+        await asyncio.sleep(0.05)
+        family.release.set()
+        results = await asyncio.gather(*tasks)
+        assert encoder.counters.num_items_computed == 2
+        assert family.batches == [2]  # both items in one forward
+        sources = [r.source.value for result in results for r in result]
+        assert sources.count("computed") == 2 and sources.count("joined") == 8
+
+    asyncio.run(scenario())
+
+
+def test_unknown_item_is_not_found():
+    async def scenario() -> None:
+        encoder = core(HeldFamily())
+        with pytest.raises(UnknownItemError):
+            await encoder.resolve_slices([RowRequest("ab" * 32, 0, 1)], None)
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_request_does_not_cancel_the_shared_computation():
+    async def scenario() -> None:
+        family = HeldFamily()
+        encoder = core(family)
+        wanted = item(4)
+        impatient = asyncio.create_task(encoder.encode([wanted], None))
+        patient = asyncio.create_task(encoder.encode([wanted], None))
+        await asyncio.sleep(0.05)
+        impatient.cancel()
+        family.release.set()
+        (result,) = await patient
+        assert result.block.num_rows == 4
+        assert encoder.counters.num_items_computed == 1
+
+    asyncio.run(scenario())
