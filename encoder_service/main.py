@@ -47,6 +47,9 @@ async def run(config: EncoderConfig) -> None:
                 max_connections=config.redis_max_connections,
                 cluster=config.redis_cluster,
             )
+            # Kept on the servicer: the task lives as long as the server.
+            servicer.background.append(asyncio.create_task(shared.watch()))
+            await shared.ping()  # so the start line and stats say at once if Redis is down
         fleet = FleetSettings(
             config.replica_id or f"{socket.gethostname()}:{config.port}",
             config.compute_lease_ms,

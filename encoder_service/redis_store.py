@@ -212,6 +212,18 @@ class RedisStore:
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, POLL_MAX_S)
 
+    async def ping(self) -> bool:
+        """One PING under the breaker: while degraded, lets an idle replica notice Redis
+        is back without waiting for a request to probe it."""
+        return bool(await self._guarded(self._client.ping(), False))
+
+    async def watch(self, interval_seconds: float = 1.0) -> None:
+        """Pings while degraded, forever (run it as a background task)."""
+        while True:
+            await asyncio.sleep(interval_seconds)
+            if self.stats.degraded:
+                await self.ping()
+
     async def close(self) -> None:
         await self._client.aclose()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -30,6 +31,7 @@ _SOURCE_TO_PROTO = {
 class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
     def __init__(self, default_lease_ms: int, slice_message_bytes: int):
         self.core: EncoderCore | None = None  # set once the model is loaded
+        self.background: list[asyncio.Task] = []
         self.default_lease_ms = default_lease_ms
         self.slice_message_bytes = slice_message_bytes
 
