@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from tessera.config_common import add_common_flags, add_model_flags
+from tessera.metrics import add_metrics_flag
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,11 @@ class DecoderConfig:
     block_size: int
     enable_prefix_caching: bool
     max_prefetch_bytes: int
+    fetch_mode: str
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
+    metrics_port: int
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DecoderConfig:
@@ -53,6 +56,7 @@ class DecoderConfig:
 
 def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
+    add_metrics_flag(parser)
     add_common_flags(parser, default_port=50053)
     parser.add_argument(
         "--max-chunk-tokens", type=int, default=512, help="largest prefill chunk, in tokens"
@@ -107,6 +111,13 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=256 << 20,
         help="embedding rows fetched ahead of the forward, at most (over all requests)",
+    )
+    parser.add_argument(
+        "--fetch-mode",
+        choices=["slice", "whole"],
+        default="slice",
+        help="slice: fetch only the rows a chunk needs; whole: fetch each overlapping item's "
+        "whole embedding for every chunk (a baseline for benchmarks; output is the same)",
     )
     parser.add_argument(
         "--lease-ms",

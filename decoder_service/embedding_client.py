@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import torch
@@ -47,12 +47,21 @@ class FetchedRows:
 
 class EmbeddingClient:
     def __init__(
-        self, channels: ChannelPool, hidden_size: int, lease_ms: int, timeout_seconds: float
+        self,
+        channels: ChannelPool,
+        hidden_size: int,
+        lease_ms: int,
+        timeout_seconds: float,
+        fetch_whole: bool = False,
     ):
         self.channels = channels
+        # A benchmark baseline: fetch each overlapping item's whole embedding for every
+        # chunk, and still place only the chunk's rows.
+        self.fetch_whole = fetch_whole
         self.hidden_size = hidden_size
         self.lease_ms = lease_ms
         self.timeout_seconds = timeout_seconds
+        self.num_bytes_received = 0
         # (encoder address, content_hash) -> Encode call in flight, shared by every fetch
         self._reencodes: dict[tuple[str, str], asyncio.Future] = {}
 
@@ -67,6 +76,16 @@ class EmbeddingClient:
         )
 
     async def fetch_slice(
+        self, request_id: str, item: MediaSource, chunk_slice: ChunkSlice
+    ) -> FetchedRows:
+        if not self.fetch_whole:
+            return await self._fetch_any(request_id, item, chunk_slice)
+        whole = replace(chunk_slice, row_start=0, row_end=item.range.length)
+        fetched = await self._fetch_any(request_id, item, whole)
+        rows = fetched.rows[chunk_slice.row_start : chunk_slice.row_end]
+        return FetchedRows(chunk_slice, rows, fetched.num_bytes, fetched.reencoded)
+
+    async def _fetch_any(
         self, request_id: str, item: MediaSource, chunk_slice: ChunkSlice
     ) -> FetchedRows:
         errors = []
@@ -157,6 +176,7 @@ class EmbeddingClient:
             rows[offset : offset + block.num_rows] = part.view(block.num_rows, self.hidden_size)
             next_row += block.num_rows
             num_bytes += len(block.data)
+            self.num_bytes_received += len(block.data)
         if rows is None or next_row != chunk_slice.row_end:
             raise FetchError(
                 f"encoder sent rows [{chunk_slice.row_start}, {next_row}) of item "

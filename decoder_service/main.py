@@ -17,9 +17,10 @@ from decoder_service.model_runner import ModelRunner
 from decoder_service.paged_attention import ATTENTION_NAME, PagedKVStore
 from decoder_service.prefetch import Prefetcher
 from decoder_service.scheduler import Scheduler
-from decoder_service.servicer import DecoderServicer
+from decoder_service.servicer import DecoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.channels import ChannelPool
+from tessera.metrics import new_registry, serve_metrics
 from tessera.server import configure_logging, serve, service_spec
 from tessera.v1 import decoder_pb2_grpc
 
@@ -70,7 +71,11 @@ def build_engine(config: DecoderConfig, family: ModelFamily) -> Engine:
     )
     kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
     embeddings = EmbeddingClient(
-        ChannelPool(), family.hidden_size, config.lease_ms, config.fetch_timeout_seconds
+        ChannelPool(),
+        family.hidden_size,
+        config.lease_ms,
+        config.fetch_timeout_seconds,
+        fetch_whole=config.fetch_mode == "whole",
     )
     # Rows usually arrive as float32; the bound is an estimate, not an exact count.
     prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, family.hidden_size * 4)
@@ -100,13 +105,17 @@ async def run(config: DecoderConfig) -> None:
         engine = build_engine(config, family)
         engine.start()
         servicer.engine = engine
+        serve_metrics(
+            config.metrics_port, config.host, new_registry(lambda: metric_readings(engine))
+        )
         kv = engine.scheduler.kv
         return (
             f"family={family.name} device={config.device} dtype={config.dtype} "
             f"max_model_len={engine.max_model_len} max_chunk_tokens={config.max_chunk_tokens} "
             f"max_num_seqs={config.max_num_seqs} "
             f"max_num_batched_tokens={config.max_num_batched_tokens} "
-            f"kv_blocks={kv.num_blocks}x{kv.block_size} prefix_caching={kv.enable_prefix_caching}"
+            f"kv_blocks={kv.num_blocks}x{kv.block_size} prefix_caching={kv.enable_prefix_caching} "
+            f"metrics_port={config.metrics_port or 'off'}"
         )
 
     spec = service_spec("decoder", config, "DecoderService")

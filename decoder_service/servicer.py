@@ -122,3 +122,72 @@ def finished_to_proto(event: Finished) -> decoder_pb2.DecodeFinished:
         ),
         stats=stats_to_proto(event.stats),
     )
+
+
+def metric_readings(engine: Engine):
+    """What /metrics shows for a decoder (see tessera.metrics)."""
+    stats = engine_stats_to_proto(engine)
+    used = stats.num_kv_blocks - stats.num_free_kv_blocks
+    yield ("tessera_decoder_running_requests", "Requests running", "gauge", stats.num_running)
+    yield (
+        "tessera_decoder_waiting_requests",
+        "Requests queued for admission",
+        "gauge",
+        stats.num_waiting,
+    )
+    yield (
+        "tessera_decoder_kv_cache_usage",
+        "Fraction of KV blocks referenced by requests",
+        "gauge",
+        used / stats.num_kv_blocks,
+    )
+    yield (
+        "tessera_decoder_kv_blocks_free",
+        "KV blocks not referenced",
+        "gauge",
+        stats.num_free_kv_blocks,
+    )
+    yield (
+        "tessera_decoder_prefix_cache_hit_tokens_total",
+        "Prompt tokens served from the prefix cache",
+        "counter",
+        stats.num_prefix_hit_blocks * stats.kv_block_size,
+    )
+    yield (
+        "tessera_decoder_preemptions_total",
+        "Requests preempted",
+        "counter",
+        stats.num_preemptions,
+    )
+    yield ("tessera_decoder_steps_total", "Engine steps", "counter", stats.num_steps)
+    yield (
+        "tessera_decoder_batched_tokens_total",
+        "Tokens run through forwards",
+        "counter",
+        stats.num_batched_tokens,
+    )
+    yield (
+        "tessera_decoder_forward_seconds_total",
+        "Seconds in forwards",
+        "counter",
+        stats.forward_seconds,
+    )
+    yield (
+        "tessera_decoder_fetch_wait_seconds_total",
+        "Seconds the forward waited on embeddings",
+        "counter",
+        stats.fetch_wait_seconds,
+    )
+    yield (
+        "tessera_decoder_embedding_bytes_received_total",
+        "Embedding bytes received",
+        "counter",
+        engine.embeddings.num_bytes_received,
+    )
+    yield ("tessera_decoder_finished_total", "Requests finished", "counter", stats.num_finished)
+    yield (
+        "tessera_decoder_cancellations_total",
+        "Requests aborted (cancelled, deadline, gone)",
+        "counter",
+        stats.num_aborted,
+    )

@@ -23,6 +23,7 @@ class BatchStats:
     num_batches: int = 0
     num_items: int = 0
     max_batch_size: int = 0
+    busy_seconds: float = 0.0
     # batch size -> how many batches had it
     histogram: dict[int, int] = field(default_factory=dict)
 
@@ -51,6 +52,10 @@ class Batcher(Generic[Item, Result]):
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
     async def submit(self, item: Item) -> Result:
         if self._task is None:
             self._task = asyncio.create_task(self._run_forever(), name="encode-batcher")
@@ -75,12 +80,14 @@ class Batcher(Generic[Item, Result]):
             if not batch:
                 continue
             self.stats.record(len(batch))
+            started = loop.time()
             try:
                 outcomes = await loop.run_in_executor(
                     self._thread, self._run_batch, [item for item, _ in batch]
                 )
             except Exception as error:  # the model failed: every waiter hears of it
                 outcomes = [RuntimeError(f"encoding failed: {error}")] * len(batch)
+            self.stats.busy_seconds += loop.time() - started
             for (_, future), outcome in zip(batch, outcomes, strict=True):
                 if future.cancelled():
                     continue

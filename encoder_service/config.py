@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tessera.config_common import add_common_flags, add_model_flags, env_default
 from tessera.media import DEFAULT_MAX_IMAGE_PIXELS
+from tessera.metrics import add_metrics_flag
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class EncoderConfig:
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
+    metrics_port: int
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EncoderConfig:
@@ -41,6 +43,7 @@ class EncoderConfig:
 
 def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
+    add_metrics_flag(parser)
     add_common_flags(parser, default_port=50052)
     parser.add_argument(
         "--cache-bytes",

@@ -11,8 +11,9 @@ import torch
 from encoder_service.config import EncoderConfig, add_encoder_flags
 from encoder_service.encoder import EncoderCore, FleetSettings
 from encoder_service.memory_store import MemoryStore
-from encoder_service.servicer import EncoderServicer
+from encoder_service.servicer import EncoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelPart, load_family
+from tessera.metrics import new_registry, serve_metrics
 from tessera.server import configure_logging, redact, serve, service_spec
 from tessera.v1 import encoder_pb2_grpc
 
@@ -64,11 +65,13 @@ async def run(config: EncoderConfig) -> None:
             shared,
             fleet,
         )
+        core = servicer.core
+        serve_metrics(config.metrics_port, config.host, new_registry(lambda: metric_readings(core)))
         return (
             f"family={family.name} fingerprint={family.fingerprint} device={config.device} "
             f"dtype={config.dtype} cache_bytes={config.cache_bytes} "
             f"max_batch_items={config.max_batch_items} redis={redact(config.redis_url)} "
-            f"replica={fleet.replica_id}"
+            f"replica={fleet.replica_id} metrics_port={config.metrics_port or 'off'}"
         )
 
     spec = service_spec("encoder", config, "EncoderService")

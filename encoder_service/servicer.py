@@ -120,3 +120,101 @@ def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
         max_batch_size=batches.max_batch_size,
         redis_enabled=core.shared is not None,
     )
+
+
+def metric_readings(core: EncoderCore):
+    """What /metrics shows for an encoder (see tessera.metrics)."""
+    stats = stats_to_proto(core)
+    busy = core.batcher.stats
+    yield (
+        "tessera_encoder_items_requested_total",
+        "Items named in Encode requests",
+        "counter",
+        stats.num_items_requested,
+    )
+    yield (
+        "tessera_encoder_items_computed_total",
+        "Items whose rows were computed",
+        "counter",
+        stats.num_items_computed,
+    )
+    yield (
+        "tessera_encoder_memory_hits_total",
+        "Items served from memory (L1)",
+        "counter",
+        stats.num_memory_hits,
+    )
+    yield (
+        "tessera_encoder_redis_hits_total",
+        "Items served from Redis (L2)",
+        "counter",
+        stats.num_redis_hits,
+    )
+    yield (
+        "tessera_encoder_joined_in_flight_total",
+        "Requests that joined a computation in flight",
+        "counter",
+        stats.num_joined_in_flight,
+    )
+    yield (
+        "tessera_encoder_slice_misses_total",
+        "Slice requests for unknown items",
+        "counter",
+        stats.num_slice_misses,
+    )
+    yield (
+        "tessera_encoder_bytes_sent_total",
+        "Embedding bytes streamed",
+        "counter",
+        stats.num_bytes_served,
+    )
+    yield (
+        "tessera_encoder_corrupt_entries_total",
+        "Corrupt Redis entries dropped",
+        "counter",
+        stats.num_corrupt_entries,
+    )
+    yield (
+        "tessera_encoder_redis_errors_total",
+        "Failed Redis calls",
+        "counter",
+        stats.num_redis_errors,
+    )
+    yield ("tessera_encoder_batches_total", "Encoder forwards", "counter", stats.num_batches)
+    yield (
+        "tessera_encoder_batched_items_total",
+        "Items in those forwards",
+        "counter",
+        stats.num_batched_items,
+    )
+    yield ("tessera_encoder_max_batch_size", "Largest batch so far", "gauge", stats.max_batch_size)
+    yield (
+        "tessera_encoder_cached_items",
+        "Items in the memory cache",
+        "gauge",
+        stats.num_cached_items,
+    )
+    yield (
+        "tessera_encoder_cached_bytes",
+        "Bytes in the memory cache",
+        "gauge",
+        stats.num_cached_bytes,
+    )
+    yield (
+        "tessera_encoder_degraded",
+        "1 while Redis is configured but unreachable",
+        "gauge",
+        float(stats.degraded),
+    )
+    yield (
+        "tessera_encoder_queue_depth",
+        "Items waiting for an encoder forward",
+        "gauge",
+        core.batcher.queue_depth,
+    )
+    yield (
+        "tessera_encoder_busy_seconds_total",
+        "Seconds spent in encoder forwards",
+        "counter",
+        busy.busy_seconds,
+    )

@@ -24,10 +24,19 @@ class GatewayConfig:
     encoders: tuple[str, ...]
     decoders: tuple[str, ...]
     max_image_pixels: int
-    max_items_per_prompt: int
+    limit_mm_per_prompt: int
     lease_ms: int
     replica_refresh_seconds: float
     replica_retry_seconds: float
+    http_port: int
+    served_model_name: str | None
+    max_request_bytes: int
+    max_queued_requests: int
+    request_timeout_seconds: float
+    allowed_media_domains: tuple[str, ...]
+    allow_private_media_hosts: tuple[str, ...]
+    media_fetch_timeout_seconds: float
+    max_media_bytes: int
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
@@ -62,7 +71,55 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         help="larger images are refused from their header, before decoding",
     )
     parser.add_argument(
-        "--max-items-per-prompt", type=int, default=16, help="most media items in one request"
+        "--limit-mm-per-prompt", type=int, default=16, help="most media items in one request"
+    )
+    parser.add_argument(
+        "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's name in the API (default: the checkpoint directory's name)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=32 << 20,
+        help="largest request body; larger ones are refused before decoding",
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=256,
+        help="requests waiting for their first token beyond this are refused (429)",
+    )
+    parser.add_argument(
+        "--request-timeout-seconds",
+        type=float,
+        default=600.0,
+        help="deadline of a request that brings none of its own",
+    )
+    parser.add_argument(
+        "--allowed-media-domains",
+        type=lambda v: tuple(d.strip().lower() for d in v.split(",") if d.strip()),
+        default=(),
+        help="hosts image_url may fetch http(s) URLs from (default: none, data URLs only)",
+    )
+    parser.add_argument(
+        "--allow-private-media-hosts",
+        type=lambda v: tuple(d.strip().lower() for d in v.split(",") if d.strip()),
+        default=(),
+        help="allowed media hosts that may resolve to private, loopback or link-local "
+        "addresses (default: none may)",
+    )
+    parser.add_argument(
+        "--media-fetch-timeout-seconds", type=float, default=10.0, help="deadline of one fetch"
+    )
+    parser.add_argument(
+        "--max-media-bytes",
+        type=int,
+        default=20 << 20,
+        help="largest media file fetched from a URL (enforced while streaming)",
     )
     parser.add_argument(
         "--replica-refresh-seconds",

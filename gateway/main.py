@@ -1,11 +1,15 @@
-"""`tessera gateway`: the front door."""
+"""`tessera gateway`: the front door (gRPC, and the OpenAI-compatible HTTP API)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 from gateway.config import GatewayConfig, add_gateway_flags
+from gateway.front import GatewayFront
+from gateway.http_server import HttpApi, start_http
+from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import GenerationPipeline
 from gateway.prompt import PromptBuilder
 from gateway.replicas import ReplicaSet
@@ -13,6 +17,7 @@ from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
+from tessera.metrics import new_registry
 from tessera.server import configure_logging, serve, service_spec
 from tessera.v1 import gateway_pb2_grpc
 
@@ -23,6 +28,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
+def served_model_name(config: GatewayConfig) -> str:
+    return config.served_model_name or Path(config.model.rstrip("/")).name or config.model
+
+
 async def run(config: GatewayConfig) -> None:
     servicer = GatewayServicer()
 
@@ -30,7 +39,7 @@ async def run(config: GatewayConfig) -> None:
         family = await asyncio.to_thread(
             load_family, config.model, LoadOptions(ModelPart.PROCESSOR), config.model_fingerprint
         )
-        builder = PromptBuilder(family, config.max_image_pixels, config.max_items_per_prompt)
+        builder = PromptBuilder(family, config.max_image_pixels, config.limit_mm_per_prompt)
         channels = ChannelPool()
         encoders, decoders = (
             ReplicaSet(
@@ -44,12 +53,39 @@ async def run(config: GatewayConfig) -> None:
         )
         await encoders.start()
         await decoders.start()
-        servicer.pipeline = GenerationPipeline(
+        pipeline = GenerationPipeline(
             builder, encoders, DecoderRouter(decoders), channels, config.lease_ms
         )
+        registry = new_registry()
+        names = [served_model_name(config), config.model]
+        front = GatewayFront(pipeline, names, config.max_queued_requests, registry)
+        servicer.front = front
+        http = "off"
+        if config.http_port:
+            policy = MediaFetchPolicy(
+                config.allowed_media_domains,
+                config.allow_private_media_hosts,
+                config.media_fetch_timeout_seconds,
+                config.max_media_bytes,
+            )
+            api = HttpApi(
+                front,
+                registry,
+                policy,
+                config.max_request_bytes,
+                config.request_timeout_seconds,
+                [encoders, decoders],
+            )
+            await start_http(api.app, config.host, config.http_port)
+            http = f"http://{config.host}:{config.http_port}"
         return (
-            f"family={family.name} fingerprint={family.fingerprint} "
-            f"encoders={','.join(config.encoders)} decoders={','.join(config.decoders)}"
+            f"family={family.name} served_model_name={front.model_name} "
+            f"fingerprint={family.fingerprint} http={http} "
+            f"encoders={','.join(config.encoders)} decoders={','.join(config.decoders)} "
+            f"limit_mm_per_prompt={config.limit_mm_per_prompt} "
+            f"max_request_bytes={config.max_request_bytes} "
+            f"max_queued_requests={config.max_queued_requests} "
+            f"allowed_media_domains={','.join(config.allowed_media_domains) or 'none'}"
         )
 
     spec = service_spec("gateway", config, "GatewayService")

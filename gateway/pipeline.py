@@ -84,9 +84,13 @@ class GenerationPipeline:
     def new_request_id() -> str:
         return uuid.uuid4().hex
 
-    async def run(self, request: GenerationRequest) -> AsyncIterator[TextEvent | FinishedEvent]:
+    async def run(
+        self, request: GenerationRequest
+    ) -> AsyncIterator[Prompt | TextEvent | FinishedEvent]:
+        """The prompt as built, then text as it comes, then the end."""
         started = time.monotonic()
         prompt = await asyncio.to_thread(self.builder.build, request.messages)
+        yield prompt
         encode_task = asyncio.create_task(self._encode_all(request.request_id, prompt.items))
         detokenizer = IncrementalDetokenizer(self.builder.family.decode_tokens)
         token_ids: list[int] = []

@@ -54,10 +54,10 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, family: ModelFamily, max_image_pixels: int, max_items_per_prompt: int):
+    def __init__(self, family: ModelFamily, max_image_pixels: int, limit_mm_per_prompt: int):
         self.family = family
         self.max_image_pixels = max_image_pixels
-        self.max_items_per_prompt = max_items_per_prompt
+        self.limit_mm_per_prompt = limit_mm_per_prompt
 
     def build(self, messages: Sequence[ChatInput]) -> Prompt:
         """CPU-heavy (decoding and hashing images): call it off the event loop."""
@@ -86,9 +86,10 @@ class PromptBuilder:
                             f"{part.modality.value}"
                         )
                     media.append(part)
-        if len(media) > self.max_items_per_prompt:
+        if len(media) > self.limit_mm_per_prompt:
             raise PromptError(
-                f"{len(media)} media items; at most {self.max_items_per_prompt} per request"
+                f"{len(media)} media items; at most {self.limit_mm_per_prompt} per request "
+                "(--limit-mm-per-prompt)"
             )
         return media
 

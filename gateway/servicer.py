@@ -4,49 +4,57 @@ from __future__ import annotations
 
 import grpc
 
-from gateway.pipeline import (
-    DownstreamError,
-    FinishedEvent,
-    GenerationPipeline,
-    GenerationRequest,
-    TextEvent,
-)
+from gateway.front import ChatRequest, GatewayFront, Outcome, Rejected
+from gateway.pipeline import DownstreamError, GenerationPipeline
 from gateway.prompt import ChatInput, MediaPart, PromptError, TextPart
 from tessera.placeholders import Modality
 from tessera.server import abort_unless_ready
-from tessera.v1 import gateway_pb2, gateway_pb2_grpc
+from tessera.v1 import common_pb2, decoder_pb2, gateway_pb2, gateway_pb2_grpc
+
+REQUEST_ID_KEY = "x-request-id"
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self) -> None:
-        self.pipeline: GenerationPipeline | None = None  # set once the processor is loaded
+        self.front: GatewayFront | None = None  # set once the processor is loaded
 
     async def Generate(self, request, context):
-        await abort_unless_ready(context, self.pipeline is not None)
+        await abort_unless_ready(context, self.front is not None)
+        request_id = request.request_id or _metadata(context, REQUEST_ID_KEY)
+        request_id = request_id or GenerationPipeline.new_request_id()
+        await context.send_initial_metadata([(REQUEST_ID_KEY, request_id)])
+        outcome = Outcome()
         try:
-            generation = GenerationRequest(
-                request_id=request.request_id or self.pipeline.new_request_id(),
+            chat = ChatRequest(
+                request_id=request_id,
+                model=request.model,
                 messages=[message_from_proto(i, m) for i, m in enumerate(request.messages)],
                 sampling=request.sampling,
+                stop=list(request.stop),
                 max_chunk_tokens=request.max_chunk_tokens,
-                timeout_seconds=context.time_remaining(),
                 cache_salt=request.cache_salt,
+                timeout_seconds=context.time_remaining(),
             )
-            async for event in self.pipeline.run(generation):
-                if isinstance(event, TextEvent):
-                    yield gateway_pb2.GenerateResponse(
-                        delta=gateway_pb2.TextDelta(
-                            text=event.text,
-                            token_ids=event.tokens.token_ids,
-                            logprobs=event.tokens.logprobs,
-                        )
+            async for text, event in self.front.generate(chat, outcome):
+                yield gateway_pb2.GenerateResponse(
+                    delta=gateway_pb2.TextDelta(
+                        text=text, token_ids=event.tokens.token_ids, logprobs=event.tokens.logprobs
                     )
-                elif isinstance(event, FinishedEvent):
-                    yield gateway_pb2.GenerateResponse(finished=finished_to_proto(event))
-        except PromptError as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+                )
+            yield gateway_pb2.GenerateResponse(finished=finished_to_proto(outcome))
+        except (PromptError, Rejected) as error:
+            await context.abort(
+                getattr(error, "code", grpc.StatusCode.INVALID_ARGUMENT), str(error)
+            )
         except DownstreamError as error:
             await context.abort(error.code, str(error))
+
+
+def _metadata(context, key: str) -> str:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value
+    return ""
 
 
 def message_from_proto(index: int, message: gateway_pb2.ChatMessage) -> ChatInput:
@@ -66,19 +74,29 @@ def message_from_proto(index: int, message: gateway_pb2.ChatMessage) -> ChatInpu
     return ChatInput(message.role, parts)
 
 
-def finished_to_proto(event: FinishedEvent) -> gateway_pb2.GenerateFinished:
-    decoder = event.decoder
+def finished_to_proto(outcome: Outcome) -> gateway_pb2.GenerateFinished:
+    prompt, finished = outcome.prompt, outcome.finished
+    decoder = finished.decoder.stats if finished else decoder_pb2.DecodeStats()
+    reason = (
+        common_pb2.FINISH_REASON_STOP
+        if outcome.finish_reason == "stop"
+        else common_pb2.FINISH_REASON_LENGTH
+    )
     return gateway_pb2.GenerateFinished(
-        finish_reason=decoder.finish_reason,
-        usage=decoder.usage,
-        stats=gateway_pb2.RequestStats(
-            time_to_first_token_ms=event.time_to_first_token_seconds * 1000,
-            num_items=len(event.prompt.items),
-            num_items_computed=event.num_items_computed,
-            num_items_cached=event.num_items_cached,
-            num_embedding_bytes=decoder.stats.num_embedding_bytes,
-            decoder=decoder.stats,
+        finish_reason=reason,
+        usage=common_pb2.Usage(
+            prompt_tokens=len(prompt.token_ids),
+            completion_tokens=len(outcome.token_ids),
+            cached_prompt_tokens=decoder.num_cached_prompt_tokens,
         ),
-        prompt_token_ids=event.prompt.token_ids,
-        token_ids=event.token_ids,
+        stats=gateway_pb2.RequestStats(
+            time_to_first_token_ms=finished.time_to_first_token_seconds * 1000 if finished else 0,
+            num_items=len(prompt.items),
+            num_items_computed=finished.num_items_computed if finished else 0,
+            num_items_cached=finished.num_items_cached if finished else 0,
+            num_embedding_bytes=decoder.num_embedding_bytes,
+            decoder=decoder,
+        ),
+        prompt_token_ids=prompt.token_ids,
+        token_ids=outcome.token_ids,
     )

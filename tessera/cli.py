@@ -31,16 +31,35 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     from decoder_service.main import build_parser as decoder_parser
     from encoder_service.main import build_parser as encoder_parser
     from gateway.main import build_parser as gateway_parser
-    from tessera.launcher import route_flags, serve_all
+    from tessera.launcher import metrics_services, route_flags, serve_all
 
-    routed = route_flags(
-        extra,
-        {"encoder": encoder_parser(), "decoder": decoder_parser(), "gateway": gateway_parser()},
-    )
+    parsers = {
+        "encoder": encoder_parser(),
+        "decoder": decoder_parser(),
+        "gateway": gateway_parser(),
+    }
+    routed = route_flags(extra, parsers)
     if args.max_chunk_tokens is not None:
         routed["decoder"] += ["--max-chunk-tokens", str(args.max_chunk_tokens)]
     model = args.model or str(ensure_demo_model(default_demo_dir()))
-    serve_all(model, args.host, args.port, routed, args.ready_timeout)
+    serve_all(
+        model,
+        args.host,
+        args.port,
+        routed,
+        args.ready_timeout,
+        encoders=args.encoders,
+        decoders=args.decoders,
+        redis_url=args.redis_url,
+        with_metrics=metrics_services(parsers),
+    )
+
+
+def replica_count(value: str) -> int:
+    count = int(value)
+    if count < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return count
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -107,15 +126,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
-        help="run gateway, encoder and decoder on localhost",
-        description="Runs the whole system; any other service flag is passed to the "
-        "services that take it (e.g. --cache-bytes, --max-num-seqs, --device).",
+        help="run gateway, encoders and decoders on localhost",
+        description="Runs the whole system (one encoder and one decoder, or --encoders N "
+        "--decoders M replicas); any other service flag is passed to the services that "
+        "take it (e.g. --cache-bytes, --max-num-seqs, --device).",
     )
     serve.add_argument("--model", default=None, help="checkpoint dir or hub id (default: demo)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=50051, help="the gateway's gRPC port")
     serve.add_argument("--max-chunk-tokens", type=int, default=None)
     serve.add_argument("--ready-timeout", type=float, default=600.0)
+    serve.add_argument(
+        "--encoders",
+        type=replica_count,
+        default=1,
+        help="encoder replicas to start (the gateway gets every address)",
+    )
+    serve.add_argument(
+        "--decoders",
+        type=replica_count,
+        default=1,
+        help="decoder replicas to start (the gateway gets every address)",
+    )
+    serve.add_argument(
+        "--redis-url",
+        default=None,
+        help="shared L2 cache for every encoder, e.g. redis://127.0.0.1:6379/0 "
+        "(default: the encoders' own, env TESSERA_REDIS_URL)",
+    )
 
     generate = commands.add_parser("generate", help="send one request to a gateway")
     generate.add_argument("prompt")

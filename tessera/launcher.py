@@ -1,8 +1,15 @@
 """`tessera serve`: the whole system as separate processes on localhost.
 
-Starts one encoder, one decoder and the gateway (each exactly as `tessera encoder|decoder|
+Starts the encoders, the decoders and the gateway (each exactly as `tessera encoder|decoder|
 gateway` would, which is how Kubernetes runs them), waits until every one reports SERVING
-on grpc.health.v1, prints where to connect, and stops them all on Ctrl-C or SIGTERM.
+on grpc.health.v1, prints where to connect (and each replica's address and pid), and stops
+them all on Ctrl-C or SIGTERM.
+
+With `--encoders N --decoders M` it mirrors a cluster on loopback: N encoder replicas
+(sharing `--redis-url` if given, like the encoder Deployment), M decoder replicas, and a
+gateway that gets every replica's address. A replica that dies is reported and routed
+around, as in a cluster (without the restart); serve stops when the gateway or the last
+replica of a service is gone.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +28,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 # Flags `serve` sets on the services itself; they cannot be passed through.
-_OWN_FLAGS = {"--model", "--port", "--host", "--encoders", "--decoders"}
+_OWN_FLAGS = {"--model", "--port", "--host", "--encoders", "--decoders", "--metrics-port"}
+METRICS_FLAG = "--metrics-port"
 
 
 @dataclass
@@ -30,10 +39,31 @@ class Child:
     process: subprocess.Popen
 
 
+@dataclass(frozen=True)
+class Replica:
+    """One process `serve` starts: `tessera <service> <args>` listening on `address`."""
+
+    name: str  # "encoder" (the only one) or "encoder-0", "encoder-1", ...
+    service: str  # "encoder", "decoder" or "gateway"
+    address: str
+    args: list[str]
+    metrics_port: int | None = None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def distinct_free_ports(host: str) -> Iterator[int]:
+    """Free ports, never the same one twice."""
+    seen: set[int] = set()
+    while True:
+        port = free_port(host)
+        if port not in seen:
+            seen.add(port)
+            yield port
 
 
 def route_flags(
@@ -61,6 +91,58 @@ def route_flags(
             routed[name] += group
         index += len(group)
     return routed
+
+
+def metrics_services(parsers: dict[str, argparse.ArgumentParser]) -> set[str]:
+    """The services whose parser takes --metrics-port (each replica then gets its own)."""
+    return {name for name, p in parsers.items() if METRICS_FLAG in p._option_string_actions}
+
+
+def plan_replicas(
+    model: str,
+    host: str,
+    gateway_port: int,
+    routed: dict[str, list[str]],
+    encoders: int = 1,
+    decoders: int = 1,
+    redis_url: str | None = None,
+    with_metrics: Collection[str] = (),
+    ports: Iterator[int] | None = None,
+) -> list[Replica]:
+    """What to start, in start order: the encoders, the decoders, then the gateway with
+    every encoder and decoder address. The flags mirror the Kubernetes manifests: the
+    encoders share `--redis-url`, the gateway lists the replicas (there through DNS)."""
+    if encoders < 1 or decoders < 1:
+        raise SystemExit("tessera serve needs at least one encoder and one decoder")
+    ports = ports or distinct_free_ports(host)
+    common = ["--model", model, "--host", host]
+    replicas: list[Replica] = []
+
+    def add(service: str, index: int, count: int, port: int, extra: list[str]) -> Replica:
+        name = service if count == 1 else f"{service}-{index}"
+        metrics_port = next(ports) if service in with_metrics else None
+        metrics = [METRICS_FLAG, str(metrics_port)] if metrics_port is not None else []
+        args = [*common, "--port", str(port), *metrics, *extra, *routed[service]]
+        replica = Replica(name, service, f"{host}:{port}", args, metrics_port)
+        replicas.append(replica)
+        return replica
+
+    redis = ["--redis-url", redis_url] if redis_url else []
+    encoder_list = [add("encoder", i, encoders, next(ports), redis) for i in range(encoders)]
+    decoder_list = [add("decoder", i, decoders, next(ports), []) for i in range(decoders)]
+    add(
+        "gateway",
+        0,
+        1,
+        gateway_port,
+        [
+            "--encoders",
+            ",".join(r.address for r in encoder_list),
+            "--decoders",
+            ",".join(r.address for r in decoder_list),
+        ],
+    )
+    return replicas
 
 
 def wait_healthy(children: list[Child], timeout_seconds: float) -> None:
@@ -100,13 +182,43 @@ def stop_children(children: list[Child], grace_seconds: float = 15.0) -> None:
             child.process.kill()
 
 
+class Watch:
+    """Notices children that exit: a replica is reported and left out while another of
+    its service runs; the gateway or the last replica of a service ends `serve`."""
+
+    def __init__(self, replicas: list[Replica], children: list[Child]):
+        self.service = {c.name: r.service for r, c in zip(replicas, children, strict=True)}
+        self.running = list(children)
+
+    def check(self, report: Callable[[str], None]) -> None:
+        for child in list(self.running):
+            code = child.process.poll()
+            if code is None:
+                continue
+            self.running.remove(child)
+            service = self.service[child.name]
+            left = sum(self.service[c.name] == service for c in self.running)
+            if service == "gateway" or left == 0:
+                raise SystemExit(f"the {child.name} exited with code {code}")
+            report(
+                f"tessera serve: the {child.name} ({child.address}, pid {child.process.pid}) "
+                f"exited with code {code}; {left} {service}(s) left, the gateway routes "
+                f"around it"
+            )
+
+
 def serve_all(
-    model: str, host: str, port: int, routed: dict[str, list[str]], ready_timeout: float
+    model: str,
+    host: str,
+    port: int,
+    routed: dict[str, list[str]],
+    ready_timeout: float,
+    encoders: int = 1,
+    decoders: int = 1,
+    redis_url: str | None = None,
+    with_metrics: Collection[str] = (),
 ) -> None:
-    encoder = f"{host}:{free_port(host)}"
-    decoder = f"{host}:{free_port(host)}"
-    gateway = f"{host}:{port}"
-    common = ["--model", model, "--host", host]
+    replicas = plan_replicas(model, host, port, routed, encoders, decoders, redis_url, with_metrics)
     children: list[Child] = []
     stop = {"requested": False}
 
@@ -116,36 +228,36 @@ def serve_all(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        for name, address, extra in [
-            ("encoder", encoder, routed["encoder"]),
-            ("decoder", decoder, routed["decoder"]),
-            (
-                "gateway",
-                gateway,
-                ["--encoders", encoder, "--decoders", decoder, *routed["gateway"]],
-            ),
-        ]:
-            args = [*common, "--port", address.rsplit(":", 1)[1], *extra]
-            children.append(Child(name, address, start_child(name, args)))
+        for replica in replicas:
+            process = start_child(replica.service, replica.args)
+            children.append(Child(replica.name, replica.address, process))
         wait_healthy(children, ready_timeout)
-        print_ready(gateway, model)
+        print_ready(replicas[-1].address, model, replicas, children)
+        watch = Watch(replicas, children)
         while not stop["requested"]:
-            for child in children:
-                if child.process.poll() is not None:
-                    raise SystemExit(
-                        f"the {child.name} exited with code {child.process.returncode}"
-                    )
+            watch.check(lambda line: print(line, file=sys.stderr, flush=True))
             time.sleep(0.5)
     finally:
         stop_children(children)
 
 
-def print_ready(gateway: str, model: str) -> None:
+def print_ready(gateway: str, model: str, replicas: list[Replica], children: list[Child]) -> None:
     tessera = Path(sys.executable).with_name("tessera")
     command = str(tessera) if tessera.exists() else "tessera"
+    lines = []
+    for replica, child in zip(replicas, children, strict=True):
+        metrics = (
+            f"  metrics http://{replica.address.rsplit(':', 1)[0]}:{replica.metrics_port}/metrics"
+            if replica.metrics_port is not None
+            else ""
+        )
+        lines.append(
+            f"    {replica.name:<10} {replica.address:<21} pid {child.process.pid}{metrics}\n"
+        )
     print(
         f"\nTessera is ready.\n"
         f"  gateway (gRPC): {gateway}   model: {model}\n"
+        f"  replicas:\n{''.join(lines)}"
         f'  try:  {command} generate --server {gateway} --image some.png "Describe the image."\n'
         f"  stop: Ctrl-C\n",
         flush=True,

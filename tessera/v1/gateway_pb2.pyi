@@ -27,18 +27,22 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[_Iterable[_Union[ContentPart, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "sampling", "max_chunk_tokens", "cache_salt")
+    __slots__ = ("request_id", "messages", "sampling", "max_chunk_tokens", "cache_salt", "model", "stop")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     sampling: _common_pb2.SamplingParams
     max_chunk_tokens: int
     cache_salt: str
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_chunk_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    model: str
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_chunk_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ..., model: _Optional[str] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TextDelta(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs")

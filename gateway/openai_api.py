@@ -1,0 +1,204 @@
+"""The OpenAI chat-completions wire format: request bodies in, responses and stream chunks
+out. Every problem with a body is a `Rejected` naming the field (`param`) to fix."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import time
+from typing import Any
+
+from gateway.front import ChatRequest, Outcome, Rejected
+from gateway.media_fetch import MediaFetchPolicy, MediaURLError, load_media_url
+from gateway.prompt import ChatInput, MediaPart, TextPart
+from tessera.placeholders import Modality
+from tessera.v1 import common_pb2
+
+MAX_TOP_LOGPROBS = 20
+
+
+def _require(condition: bool, message: str, param: str) -> None:
+    if not condition:
+        raise Rejected(message, param=param)
+
+
+def _number(body: dict, name: str, kind: type, low: float, high: float) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    _require(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high,
+        f"{name} must be a number in [{low}, {high}]",
+        name,
+    )
+    return kind(value)
+
+
+def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
+    _require(body.get("n", 1) == 1, "only n=1 is supported", "n")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    sampling = common_pb2.SamplingParams(
+        max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, 1, 1 << 20) or 0,
+        temperature=_number(body, "temperature", float, 0, 2) or 0.0,
+        top_p=_number(body, "top_p", float, 0, 1) or 0.0,
+    )
+    seed = _number(body, "seed", int, 0, 2**63 - 1)
+    if seed is not None:
+        sampling.seed = seed
+    if body.get("logprobs"):
+        top = _number(body, "top_logprobs", int, 0, MAX_TOP_LOGPROBS)
+        sampling.num_top_logprobs = max(1, top or 0)
+    return sampling
+
+
+def stops_from_body(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    _require(
+        isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) for s in stops),
+        "stop must be a string or a list of at most 4 strings",
+        "stop",
+    )
+    return stops
+
+
+async def messages_from_body(body: dict, policy: MediaFetchPolicy) -> list[ChatInput]:
+    messages = body.get("messages")
+    _require(
+        isinstance(messages, list) and messages, "messages must be a non-empty list", "messages"
+    )
+    parsed = [_message(index, message) for index, message in enumerate(messages)]
+    # Media URLs are fetched concurrently.
+    jobs = [part for message in parsed for part in message[1] if isinstance(part, _PendingMedia)]
+    loaded = await asyncio.gather(*(job.load(policy) for job in jobs))
+    resolved = dict(zip(map(id, jobs), loaded, strict=True))
+    return [
+        ChatInput(role, [resolved.get(id(part), part) for part in parts]) for role, parts in parsed
+    ]
+
+
+class _PendingMedia:
+    def __init__(self, modality: Modality, url: str | None, data: bytes | None, param: str):
+        self.modality, self.url, self.data, self.param = modality, url, data, param
+
+    async def load(self, policy: MediaFetchPolicy) -> MediaPart:
+        if self.data is not None:
+            return MediaPart(self.modality, self.data)
+        try:
+            return MediaPart(self.modality, await load_media_url(self.url, policy))
+        except MediaURLError as error:
+            raise Rejected(str(error), param=self.param) from None
+
+
+def _message(index: int, message: Any) -> tuple[str, list]:
+    param = f"messages[{index}]"
+    _require(isinstance(message, dict), f"{param} must be an object", param)
+    role = message.get("role")
+    _require(isinstance(role, str), f"{param}.role must be a string", f"{param}.role")
+    content = message.get("content")
+    if isinstance(content, str):
+        return role, [TextPart(content)]
+    _require(
+        isinstance(content, list) and content,
+        f"{param}.content must be a string or a non-empty list of parts",
+        f"{param}.content",
+    )
+    return role, [_part(f"{param}.content[{i}]", part) for i, part in enumerate(content)]
+
+
+def _part(param: str, part: Any) -> TextPart | _PendingMedia:
+    _require(isinstance(part, dict), f"{param} must be an object", param)
+    kind = part.get("type")
+    if kind == "text":
+        _require(isinstance(part.get("text"), str), f"{param}.text must be a string", param)
+        return TextPart(part["text"])
+    if kind == "image_url":
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        _require(isinstance(url, str) and url, f"{param}.image_url.url must be a URL", param)
+        return _PendingMedia(Modality.IMAGE, url, None, param)
+    if kind == "input_audio":
+        audio = part.get("input_audio")
+        _require(isinstance(audio, dict), f"{param}.input_audio must be an object", param)
+        try:
+            data = base64.b64decode(audio.get("data") or "", validate=True)
+        except (binascii.Error, ValueError):
+            raise Rejected(f"{param}.input_audio.data must be base64", param=param) from None
+        return _PendingMedia(Modality.AUDIO, None, data, param)
+    raise Rejected(
+        f"{param}.type {kind!r} is not supported; use text, image_url or input_audio", param=param
+    )
+
+
+async def chat_request_from_body(
+    body: Any, request_id: str, policy: MediaFetchPolicy, timeout_seconds: float
+) -> ChatRequest:
+    _require(isinstance(body, dict), "the body must be a JSON object", "body")
+    model = body.get("model", "")
+    _require(isinstance(model, str), "model must be a string", "model")
+    salt = body.get("cache_salt", "")
+    _require(isinstance(salt, str), "cache_salt must be a string", "cache_salt")
+    return ChatRequest(
+        request_id=request_id,
+        model=model,
+        messages=await messages_from_body(body, policy),
+        sampling=sampling_from_body(body),
+        stop=stops_from_body(body),
+        max_chunk_tokens=_number(body, "max_chunk_tokens", int, 0, 1 << 20) or 0,
+        cache_salt=salt,
+        timeout_seconds=timeout_seconds,
+    )
+
+
+def usage(outcome: Outcome) -> dict:
+    prompt_tokens = len(outcome.prompt.token_ids) if outcome.prompt else 0
+    cached = outcome.finished.decoder.usage.cached_prompt_tokens if outcome.finished else 0
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(outcome.token_ids),
+        "total_tokens": prompt_tokens + len(outcome.token_ids),
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def completion(request_id: str, model: str, text: str, outcome: Outcome) -> dict:
+    return {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": outcome.finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(outcome),
+        "tessera": {"token_ids": outcome.token_ids},
+    }
+
+
+def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None) -> dict:
+    return {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+def usage_chunk(request_id: str, model: str, outcome: Outcome) -> dict:
+    return {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage(outcome),
+    }

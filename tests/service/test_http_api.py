@@ -1,0 +1,268 @@
+"""The OpenAI-compatible HTTP API, through the real `openai` client."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tessera.client import Client, Message
+from tessera.launcher import free_port
+from tessera.v1 import common_pb2
+from tests.cluster import Cluster
+from tests.reference import assert_greedy_match, noise_image
+
+IMAGE_A = noise_image(1001, 40, 30)
+IMAGE_B = noise_image(1002, 30, 60)
+
+
+def data_url(image: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(image).decode()
+
+
+class MediaHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/a.png":
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(IMAGE_A)
+        elif self.path.startswith("/redirect"):
+            self.send_response(302)
+            self.send_header("Location", self.path.split("?to=", 1)[1])
+            self.end_headers()
+        elif self.path == "/slow.png":
+            time.sleep(3)
+            self.send_response(200)
+            self.end_headers()
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def media_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MediaHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"localhost:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def api(cluster, demo_model_dir):
+    """A gateway with the HTTP API in front of the session's encoder and decoder."""
+    own = Cluster()
+    port = free_port()
+    own.start(
+        "gateway",
+        "gateway",
+        [
+            "--model",
+            str(demo_model_dir),
+            "--encoders",
+            cluster.address("encoder"),
+            "--decoders",
+            cluster.address("decoder"),
+            "--http-port",
+            str(port),
+            "--served-model-name",
+            "tessera-demo",
+            "--allowed-media-domains",
+            "localhost,127.0.0.1,169.254.169.254",
+            "--allow-private-media-hosts",
+            "localhost",
+            "--media-fetch-timeout-seconds",
+            "1",
+            "--limit-mm-per-prompt",
+            "3",
+            "--max-request-bytes",
+            str(1 << 20),
+        ],
+    )
+    try:
+        own.wait_ready()
+        own.http = f"http://127.0.0.1:{port}"
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture(scope="module")
+def client(api):
+    return openai.OpenAI(base_url=api.http + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def chat(client, content, **options):
+    options = {"model": "tessera-demo", "max_tokens": 8, "temperature": 0, **options}
+    return client.chat.completions.create(
+        messages=[{"role": "user", "content": content}], **options
+    )
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_image_as_data_url_equals_generate_and_grpc(client, api, reference):
+    response = chat(client, [image_part(data_url(IMAGE_A)), {"type": "text", "text": "What?"}])
+    expected = reference.generate([("user", [IMAGE_A, "What?"])], 8)
+    tokens = response.model_extra["tessera"]["token_ids"]
+    assert_greedy_match(tokens, expected)
+    assert response.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert response.choices[0].finish_reason in ("stop", "length")
+    with Client(api.address("gateway")) as grpc_client:
+        via_grpc = grpc_client.complete(
+            [Message("user", [IMAGE_A, "What?"])], common_pb2.SamplingParams(max_tokens=8)
+        )
+    assert via_grpc.token_ids == tokens and via_grpc.text == response.choices[0].message.content
+
+
+def test_image_from_an_allowed_local_server(client, media_server, reference):
+    response = chat(
+        client, [image_part(f"http://{media_server}/a.png"), {"type": "text", "text": "Hm?"}]
+    )
+    expected = reference.generate([("user", [IMAGE_A, "Hm?"])], 8)
+    assert_greedy_match(response.model_extra["tessera"]["token_ids"], expected)
+
+
+def test_two_images_streaming_with_usage(client, reference):
+    content = [
+        image_part(data_url(IMAGE_A)),
+        {"type": "text", "text": "and"},
+        image_part(data_url(IMAGE_B)),
+        {"type": "text", "text": "compare"},
+    ]
+    stream = chat(client, content, stream=True, stream_options={"include_usage": True})
+    text, finish_reasons, usage = [], [], None
+    for event in stream:
+        for choice in event.choices:
+            text.append(choice.delta.content or "")
+            if choice.finish_reason:
+                finish_reasons.append(choice.finish_reason)
+        if event.usage:
+            usage = event.usage
+    expected = reference.generate([("user", [IMAGE_A, "and", IMAGE_B, "compare"])], 8)
+    assert len(finish_reasons) == 1
+    assert usage.completion_tokens == len(expected.token_ids)
+    assert usage.prompt_tokens == len(expected.prompt_token_ids)
+    decoded = reference.processor.tokenizer.decode(expected.token_ids, skip_special_tokens=True)
+    assert "".join(text) == decoded
+
+
+def test_stream_ends_with_done(api):
+    body = {
+        "model": "tessera-demo",
+        "max_tokens": 3,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with httpx.stream("POST", api.http + "/v1/chat/completions", json=body, timeout=30) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert sum('"finish_reason": "' in line for line in lines) == 1
+
+
+BAD = {
+    "undecodable image": (
+        [image_part("data:image/png;base64," + base64.b64encode(b"nope").decode())],
+        {},
+        "decoded",
+    ),
+    "not base64": ([image_part("data:image/png;base64,@@@")], {}, "base64"),
+    "too many images": ([image_part(data_url(IMAGE_A))] * 4, {}, "at most 3"),
+    "audio to an image model": (
+        [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}],
+        {},
+        "takes image input",
+    ),
+    "unknown part type": ([{"type": "video", "video": {}}], {}, "not supported"),
+    "unknown model": ("hi", {"model": "gpt-9"}, "not served here"),
+    "n above 1": ("hi", {"n": 2}, "n=1"),
+    "max tokens beyond context": ("hi", {"max_tokens": 5000}, "max_tokens"),
+    "prompt beyond context": ("word " * 2100, {}, "context"),
+    "loopback URL": ([image_part("http://127.0.0.1:9/a.png")], {}, "loopback"),
+    "metadata URL": ([image_part("http://169.254.169.254/latest")], {}, "link-local"),
+    "host not allowed": (
+        [image_part("http://example.com/a.png")],
+        {},
+        "not an allowed media domain",
+    ),
+    "temperature out of range": ("hi", {"temperature": 7}, "temperature"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_requests_are_400_and_the_next_succeeds(client, case):
+    content, options, phrase = BAD[case]
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, content, **options)
+    assert (
+        phrase in caught.value.body["message"]
+        if isinstance(caught.value.body, dict)
+        else str(caught.value)
+    )
+    assert chat(client, "still fine?").choices[0].message.content is not None
+
+
+def test_redirect_to_a_private_address_is_refused(client, media_server):
+    target = f"http://127.0.0.1:{media_server.split(':')[1]}/a.png"
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, [image_part(f"http://{media_server}/redirect?to={target}")])
+    assert "loopback" in str(caught.value)
+
+
+def test_slow_media_server_hits_the_timeout(client, media_server):
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, [image_part(f"http://{media_server}/slow.png")])
+    assert "longer than" in str(caught.value)
+
+
+def test_oversized_body_is_413(api):
+    body = {"model": "tessera-demo", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
+    response = httpx.post(api.http + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 413
+    assert "--max-request-bytes" in response.json()["error"]["message"]
+
+
+def test_models_health_ready_and_request_id(api):
+    models = httpx.get(api.http + "/v1/models").json()
+    assert models["data"][0]["id"] == "tessera-demo"
+    assert httpx.get(api.http + "/health").status_code == 200
+    ready = httpx.get(api.http + "/ready")
+    assert ready.status_code == 200 and all(ready.json()["backends"].values())
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    response = httpx.post(
+        api.http + "/v1/chat/completions", json=body, headers={"X-Request-Id": "req-42"}, timeout=30
+    )
+    assert response.headers["X-Request-Id"] == "req-42"
+    assert response.json()["id"] == "chatcmpl-req-42"
+
+
+def scrape(api) -> dict[str, float]:
+    text = httpx.get(api.http + "/metrics").text
+    return {
+        sample.name + str(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_parse_and_move(client, api):
+    before = scrape(api)
+    chat(client, "count me")
+    after = scrape(api)
+    ok = "tessera_gateway_requests_total[('outcome', 'ok')]"
+    assert after[ok] == before.get(ok, 0) + 1
+    assert after["tessera_gateway_time_to_first_token_seconds_count[]"] > before.get(
+        "tessera_gateway_time_to_first_token_seconds_count[]", 0
+    )
+    assert after["tessera_gateway_running_requests[]"] == 0
