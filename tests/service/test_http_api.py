@@ -266,3 +266,83 @@ def test_metrics_parse_and_move(client, api):
         "tessera_gateway_time_to_first_token_seconds_count[]", 0
     )
     assert after["tessera_gateway_running_requests[]"] == 0
+
+
+def decoder_stats(cluster):
+    import grpc
+
+    from tessera.v1 import decoder_pb2, decoder_pb2_grpc
+
+    with grpc.insecure_channel(cluster.address("decoder")) as channel:
+        stub = decoder_pb2_grpc.DecoderServiceStub(channel)
+        return stub.GetStats(decoder_pb2.GetDecoderStatsRequest(), timeout=10)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_everything(api, cluster):
+    start = decoder_stats(cluster)
+    body = {
+        "model": "tessera-demo",
+        "max_tokens": 1500,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Tell me everything."}],
+    }
+    with httpx.stream("POST", api.http + "/v1/chat/completions", json=body, timeout=30) as r:
+        for count, _ in enumerate(r.iter_lines()):
+            if count > 5:
+                break  # hang up mid-stream
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        stats, gauges = decoder_stats(cluster), scrape(api)
+        if stats.num_running == 0 and gauges["tessera_gateway_running_requests[]"] == 0:
+            break
+        time.sleep(0.05)
+    assert stats.num_running == 0 and gauges["tessera_gateway_running_requests[]"] == 0
+    assert stats.num_free_kv_blocks == start.num_free_kv_blocks == stats.num_kv_blocks
+    assert stats.num_aborted > start.num_aborted
+
+
+def test_queue_overflow_is_429_then_normal_service(cluster, demo_model_dir):
+    """One request waits for its first token behind a long prefill; with room for one
+    queued request, the next is refused at once, and served once the first is done."""
+    own = Cluster()
+    port = free_port()
+    own.start(
+        "gateway",
+        "gateway",
+        [
+            "--model",
+            str(demo_model_dir),
+            "--encoders",
+            cluster.address("encoder"),
+            "--decoders",
+            cluster.address("decoder"),
+            "--http-port",
+            str(port),
+            "--max-queued-requests",
+            "1",
+        ],
+    )
+    try:
+        own.wait_ready()
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        slow = {
+            "messages": [{"role": "user", "content": "word " * 500}],
+            "max_tokens": 1,
+            "max_chunk_tokens": 1,
+            "cache_salt": "queue-test",
+        }
+        answers = []
+        first = threading.Thread(target=lambda: answers.append(httpx.post(url, json=slow, timeout=120)))
+        first.start()
+        time.sleep(1.0)
+        quick = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        refused = httpx.post(url, json=quick, timeout=30)
+        assert refused.status_code == 429, (answers and answers[0].text[:300])
+        assert refused.headers["Retry-After"] == "1"
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        first.join(120)
+        assert httpx.post(url, json=quick, timeout=30).status_code == 200
+        with Client(own.address("gateway")) as grpc_client:
+            assert grpc_client.complete([Message("user", ["hi"])]).token_ids
+    finally:
+        own.stop()
