@@ -91,7 +91,9 @@ class GenerationPipeline:
         started = time.monotonic()
         prompt = await asyncio.to_thread(self.builder.build, request.messages)
         yield prompt
-        encode_task = asyncio.create_task(self._encode_all(request.request_id, prompt.items))
+        encode_task = asyncio.create_task(
+            self._encode_all(request.request_id, prompt.items, request.timeout_seconds)
+        )
         detokenizer = IncrementalDetokenizer(self.builder.family.decode_tokens)
         token_ids: list[int] = []
         first_token_time: float | None = None
@@ -165,20 +167,24 @@ class GenerationPipeline:
             cache_salt=request.cache_salt,
         )
 
-    async def _encode_all(self, request_id: str, items: Sequence[PromptItem]) -> list:
+    async def _encode_all(
+        self, request_id: str, items: Sequence[PromptItem], timeout: float | None
+    ) -> list:
         """One Encode per encoder over its unique items; returns the EncodedItem messages."""
         by_encoder: dict[str, dict[str, PromptItem]] = {}
         for item in items:
             address = encoder_order(item.range.content_hash, self.encoders)[0]
             by_encoder.setdefault(address, {})[item.range.content_hash] = item
         calls = [
-            self._encode_on(address, request_id, list(unique.values()))
+            self._encode_on(address, request_id, list(unique.values()), timeout)
             for address, unique in by_encoder.items()
         ]
         results = await asyncio.gather(*calls)
         return [encoded for response in results for encoded in response.items]
 
-    async def _encode_on(self, address: str, request_id: str, items: list[PromptItem]):
+    async def _encode_on(
+        self, address: str, request_id: str, items: list[PromptItem], timeout: float | None
+    ):
         """Encode on `address`, or on the next encoders in rank if it is unreachable."""
         request = encoder_pb2.EncodeRequest(
             items=[media_item_to_proto(item.range, item.data) for item in items],
@@ -190,7 +196,7 @@ class GenerationPipeline:
         for candidate in candidates:
             stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(candidate))
             try:
-                return await stub.Encode(request)
+                return await stub.Encode(request, timeout=timeout)
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _REPLICA_FAILURES or candidate == candidates[-1]:
                     raise DownstreamError(

@@ -1,14 +1,29 @@
-"""A small client for the gateway's gRPC API (used by `tessera generate` and the tests)."""
+"""Small clients for the gateway's gRPC API: `Client` (blocking) and `AsyncClient`.
+
+    with Client("127.0.0.1:50051") as client:
+        answer = client.complete([Message("user", [png_bytes, "What is this?"])])
+        print(answer.text)
+
+Every call has a deadline (`timeout_seconds`). A call that fails before any output with
+UNAVAILABLE (no gateway there, or it is restarting) or RESOURCE_EXHAUSTED (queue full) is
+retried up to `max_retries` times with backoff: nothing was generated for the caller, so
+retrying is safe. Once output has arrived, errors go to the caller.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
 from tessera.server import GRPC_OPTIONS
 from tessera.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+REQUEST_ID_KEY = "x-request-id"
 
 
 @dataclass(frozen=True)
@@ -41,13 +56,76 @@ class Completion:
     logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
 
 
-class Client:
-    """Synchronous client: `Client("127.0.0.1:50051").complete([Message("user", ["hi"])])`."""
+def build_request(
+    messages: Sequence[Message],
+    sampling: common_pb2.SamplingParams | None = None,
+    max_chunk_tokens: int = 0,
+    request_id: str = "",
+    cache_salt: str = "",
+    stop: Sequence[str] = (),
+    model: str = "",
+) -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(
+        request_id=request_id,
+        messages=[m.to_proto() for m in messages],
+        sampling=sampling or common_pb2.SamplingParams(),
+        max_chunk_tokens=max_chunk_tokens,
+        cache_salt=cache_salt,
+        stop=list(stop),
+        model=model,
+    )
 
-    def __init__(self, address: str, timeout_seconds: float | None = 300.0):
+
+class _Assembler:
+    """Collects a stream into a Completion."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.logprobs: list[common_pb2.TokenLogprobs] = []
+        self.completion: Completion | None = None
+
+    def add(self, response: gateway_pb2.GenerateResponse) -> None:
+        if response.HasField("delta"):
+            self.text.append(response.delta.text)
+            self.logprobs += response.delta.logprobs
+            return
+        done = response.finished
+        self.completion = Completion(
+            text="".join(self.text),
+            token_ids=list(done.token_ids),
+            prompt_token_ids=list(done.prompt_token_ids),
+            finish_reason=common_pb2.FinishReason.Name(done.finish_reason)
+            .removeprefix("FINISH_REASON_")
+            .lower(),
+            usage={
+                "prompt_tokens": done.usage.prompt_tokens,
+                "completion_tokens": done.usage.completion_tokens,
+                "cached_prompt_tokens": done.usage.cached_prompt_tokens,
+            },
+            stats=done.stats,
+            logprobs=self.logprobs,
+        )
+
+    def result(self) -> Completion:
+        if self.completion is None:
+            raise RuntimeError("the gateway closed the stream without a final message")
+        return self.completion
+
+
+def _backoff(attempt: int) -> float:
+    return min(0.2 * 2**attempt, 2.0)
+
+
+def _metadata(request: gateway_pb2.GenerateRequest) -> list[tuple[str, str]]:
+    return [(REQUEST_ID_KEY, request.request_id)] if request.request_id else []
+
+
+class Client:
+    def __init__(self, address: str, timeout_seconds: float | None = 300.0, max_retries: int = 2):
         self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self.timeout_seconds = timeout_seconds
+        self.max_retries = max_retries
 
     def close(self) -> None:
         self._channel.close()
@@ -58,51 +136,67 @@ class Client:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def stream(
-        self,
-        messages: Sequence[Message],
-        sampling: common_pb2.SamplingParams | None = None,
-        max_chunk_tokens: int = 0,
-        request_id: str = "",
-        cache_salt: str = "",
-    ) -> Iterator[gateway_pb2.GenerateResponse]:
-        request = gateway_pb2.GenerateRequest(
-            request_id=request_id,
-            messages=[m.to_proto() for m in messages],
-            sampling=sampling or common_pb2.SamplingParams(),
-            max_chunk_tokens=max_chunk_tokens,
-            cache_salt=cache_salt,
-        )
-        yield from self._stub.Generate(request, timeout=self.timeout_seconds)
+    def stream(self, messages: Sequence[Message], *args, **kwargs) -> Iterator:
+        """GenerateResponse messages: text deltas, then the final one."""
+        request = build_request(messages, *args, **kwargs)
+        for attempt in range(self.max_retries + 1):
+            received = False
+            try:
+                for response in self._stub.Generate(
+                    request, timeout=self.timeout_seconds, metadata=_metadata(request)
+                ):
+                    received = True
+                    yield response
+                return
+            except grpc.RpcError as error:
+                if received or error.code() not in RETRYABLE or attempt == self.max_retries:
+                    raise
+            time.sleep(_backoff(attempt))
 
-    def complete(
-        self,
-        messages: Sequence[Message],
-        sampling: common_pb2.SamplingParams | None = None,
-        max_chunk_tokens: int = 0,
-        request_id: str = "",
-        cache_salt: str = "",
-    ) -> Completion:
-        text: list[str] = []
-        logprobs: list[common_pb2.TokenLogprobs] = []
-        for response in self.stream(messages, sampling, max_chunk_tokens, request_id, cache_salt):
-            if response.HasField("delta"):
-                text.append(response.delta.text)
-                logprobs += response.delta.logprobs
-            else:
-                done = response.finished
-                return Completion(
-                    text="".join(text),
-                    token_ids=list(done.token_ids),
-                    prompt_token_ids=list(done.prompt_token_ids),
-                    finish_reason=common_pb2.FinishReason.Name(done.finish_reason)
-                    .removeprefix("FINISH_REASON_")
-                    .lower(),
-                    usage={
-                        "prompt_tokens": done.usage.prompt_tokens,
-                        "completion_tokens": done.usage.completion_tokens,
-                    },
-                    stats=done.stats,
-                    logprobs=logprobs,
-                )
-        raise RuntimeError("the gateway closed the stream without a final message")
+    def complete(self, messages: Sequence[Message], *args, **kwargs) -> Completion:
+        assembler = _Assembler()
+        for response in self.stream(messages, *args, **kwargs):
+            assembler.add(response)
+        return assembler.result()
+
+
+class AsyncClient:
+    def __init__(self, address: str, timeout_seconds: float | None = 300.0, max_retries: int = 2):
+        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+        self.timeout_seconds = timeout_seconds
+        self.max_retries = max_retries
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def stream(self, messages: Sequence[Message], *args, **kwargs) -> AsyncIterator:
+        request = build_request(messages, *args, **kwargs)
+        for attempt in range(self.max_retries + 1):
+            received = False
+            call = self._stub.Generate(
+                request, timeout=self.timeout_seconds, metadata=_metadata(request)
+            )
+            try:
+                async for response in call:
+                    received = True
+                    yield response
+                return
+            except grpc.aio.AioRpcError as error:
+                if received or error.code() not in RETRYABLE or attempt == self.max_retries:
+                    raise
+            finally:
+                call.cancel()
+            await asyncio.sleep(_backoff(attempt))
+
+    async def complete(self, messages: Sequence[Message], *args, **kwargs) -> Completion:
+        assembler = _Assembler()
+        async for response in self.stream(messages, *args, **kwargs):
+            assembler.add(response)
+        return assembler.result()

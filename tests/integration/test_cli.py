@@ -40,10 +40,8 @@ def test_generate_json_matches_generate(cluster, reference, tmp_path):
     expected = reference.generate([("user", [image, "describe"])], 6)
     assert answer["prompt_token_ids"] == expected.prompt_token_ids
     assert_greedy_match(answer["token_ids"], expected)
-    assert answer["usage"] == {
-        "prompt_tokens": len(expected.prompt_token_ids),
-        "completion_tokens": 6,
-    }
+    assert answer["usage"]["prompt_tokens"] == len(expected.prompt_token_ids)
+    assert answer["usage"]["completion_tokens"] == 6
     assert answer["stats"]["num_items"] == 1
 
 

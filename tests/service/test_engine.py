@@ -114,13 +114,21 @@ def test_prefix_cache_reuses_blocks_and_fetches_no_rows_for_them(cluster, refere
     image = noise_image(601, 48, 48)
     first_turn = [("system", ["You describe pictures."]), ("user", [image, "What is in it?"])]
     with Client(cluster.address("gateway")) as client:
-        first = client.complete([Message(r, p) for r, p in first_turn], greedy(), 4, "prefix")
-        again = client.complete([Message(r, p) for r, p in first_turn], greedy(), 4, "prefix")
+        first = client.complete(
+            [Message(r, p) for r, p in first_turn], greedy(), 4, cache_salt="prefix"
+        )
+        again = client.complete(
+            [Message(r, p) for r, p in first_turn], greedy(), 4, cache_salt="prefix"
+        )
         answer = reference.processor.tokenizer.decode(first.token_ids, skip_special_tokens=True)
         second_turn = [*first_turn, ("assistant", [answer]), ("user", ["And the colours?"])]
-        follow = client.complete([Message(r, p) for r, p in second_turn], greedy(), 4, "prefix")
+        follow = client.complete(
+            [Message(r, p) for r, p in second_turn], greedy(), 4, cache_salt="prefix"
+        )
         other_image = [first_turn[0], ("user", [noise_image(602, 48, 48), "What is in it?"])]
-        other = client.complete([Message(r, p) for r, p in other_image], greedy(), 4, "prefix")
+        other = client.complete(
+            [Message(r, p) for r, p in other_image], greedy(), 4, cache_salt="prefix"
+        )
 
     block = 16
     for result, prompt in [(again, first_turn), (follow, second_turn), (other, other_image)]:
@@ -182,3 +190,27 @@ def test_request_larger_than_the_whole_kv_cache_is_refused(small):
         list(decoder_pb2_grpc.DecoderServiceStub(channel).Generate(request, timeout=30))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "KV cache" in caught.value.details()
+
+
+def test_a_client_deadline_ends_the_request_everywhere(cluster):
+    """The deadline travels gateway -> decoder: when it passes, the decoder drops the
+    request (and with it its blocks and fetches), not just the client."""
+    address = cluster.address("decoder")
+    start = decoder_stats(address)
+    with (
+        Client(cluster.address("gateway"), timeout_seconds=0.5) as client,
+        pytest.raises(grpc.RpcError) as caught,
+    ):
+        client.complete(
+            [Message("user", ["word " * 500])],
+            common_pb2.SamplingParams(max_tokens=4),
+            max_chunk_tokens=1,
+            cache_salt="deadline",
+        )
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 2
+    while decoder_stats(address).num_running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = decoder_stats(address)
+    assert stats.num_running == 0 and stats.num_free_kv_blocks == stats.num_kv_blocks
+    assert stats.num_aborted > start.num_aborted
