@@ -204,6 +204,19 @@ class Engine:
             )
             self.counters.num_finished += 1
             self._finish(request)
+            stats = request.stats
+            log.info(
+                "request %s %s: %d prompt tokens (%d cached), %d generated, ttft %.1f ms, "
+                "%d embedding bytes, %d preemptions",
+                request.request_id,
+                reason.value,
+                request.num_prompt_tokens,
+                stats.num_cached_prompt_tokens,
+                len(request.output_token_ids),
+                (stats.time_to_first_token_seconds or 0) * 1000,
+                stats.num_embedding_bytes,
+                stats.num_preemptions,
+            )
 
     def _cache_blocks(self, request: RequestState) -> None:
         kv = self.scheduler.kv
