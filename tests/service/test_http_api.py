@@ -332,12 +332,14 @@ def test_queue_overflow_is_429_then_normal_service(cluster, demo_model_dir):
             "cache_salt": "queue-test",
         }
         answers = []
-        first = threading.Thread(target=lambda: answers.append(httpx.post(url, json=slow, timeout=120)))
+        first = threading.Thread(
+            target=lambda: answers.append(httpx.post(url, json=slow, timeout=120))
+        )
         first.start()
         time.sleep(1.0)
         quick = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         refused = httpx.post(url, json=quick, timeout=30)
-        assert refused.status_code == 429, (answers and answers[0].text[:300])
+        assert refused.status_code == 429, answers and answers[0].text[:300]
         assert refused.headers["Retry-After"] == "1"
         assert refused.json()["error"]["type"] == "rate_limit_error"
         first.join(120)
