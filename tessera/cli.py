@@ -41,6 +41,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     routed = route_flags(extra, parsers)
     if args.max_chunk_tokens is not None:
         routed["decoder"] += ["--max-chunk-tokens", str(args.max_chunk_tokens)]
+    if args.http_port:
+        routed["gateway"] += ["--http-port", str(args.http_port)]
     model = args.model or str(ensure_demo_model(default_demo_dir()))
     serve_all(
         model,
@@ -52,6 +54,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         decoders=args.decoders,
         redis_url=args.redis_url,
         with_metrics=metrics_services(parsers),
+        http_port=args.http_port,
     )
 
 
@@ -135,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=50051, help="the gateway's gRPC port")
     serve.add_argument("--max-chunk-tokens", type=int, default=None)
+    serve.add_argument(
+        "--http-port", type=int, default=8000, help="the OpenAI-compatible HTTP API (0: off)"
+    )
     serve.add_argument("--ready-timeout", type=float, default=600.0)
     serve.add_argument(
         "--encoders",

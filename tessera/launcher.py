@@ -56,9 +56,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def distinct_free_ports(host: str) -> Iterator[int]:
-    """Free ports, never the same one twice."""
-    seen: set[int] = set()
+def distinct_free_ports(host: str, taken: Collection[int] = ()) -> Iterator[int]:
+    """Free ports, never the same one twice nor one of `taken`."""
+    seen: set[int] = set(taken)
     while True:
         port = free_port(host)
         if port not in seen:
@@ -114,7 +114,7 @@ def plan_replicas(
     encoders share `--redis-url`, the gateway lists the replicas (there through DNS)."""
     if encoders < 1 or decoders < 1:
         raise SystemExit("tessera serve needs at least one encoder and one decoder")
-    ports = ports or distinct_free_ports(host)
+    ports = ports or distinct_free_ports(host, taken={gateway_port})
     common = ["--model", model, "--host", host]
     replicas: list[Replica] = []
 
@@ -217,6 +217,7 @@ def serve_all(
     decoders: int = 1,
     redis_url: str | None = None,
     with_metrics: Collection[str] = (),
+    http_port: int = 0,
 ) -> None:
     replicas = plan_replicas(model, host, port, routed, encoders, decoders, redis_url, with_metrics)
     children: list[Child] = []
@@ -232,7 +233,7 @@ def serve_all(
             process = start_child(replica.service, replica.args)
             children.append(Child(replica.name, replica.address, process))
         wait_healthy(children, ready_timeout)
-        print_ready(replicas[-1].address, model, replicas, children)
+        print_ready(replicas[-1].address, model, replicas, children, http_port)
         watch = Watch(replicas, children)
         while not stop["requested"]:
             watch.check(lambda line: print(line, file=sys.stderr, flush=True))
@@ -241,7 +242,9 @@ def serve_all(
         stop_children(children)
 
 
-def print_ready(gateway: str, model: str, replicas: list[Replica], children: list[Child]) -> None:
+def print_ready(
+    gateway: str, model: str, replicas: list[Replica], children: list[Child], http_port: int = 0
+) -> None:
     tessera = Path(sys.executable).with_name("tessera")
     command = str(tessera) if tessera.exists() else "tessera"
     lines = []
@@ -254,9 +257,16 @@ def print_ready(gateway: str, model: str, replicas: list[Replica], children: lis
         lines.append(
             f"    {replica.name:<10} {replica.address:<21} pid {child.process.pid}{metrics}\n"
         )
+    host = gateway.rsplit(":", 1)[0]
+    http = (
+        f"  OpenAI API: http://{host}:{http_port}/v1   (POST /chat/completions)\n"
+        if http_port
+        else ""
+    )
     print(
         f"\nTessera is ready.\n"
         f"  gateway (gRPC): {gateway}   model: {model}\n"
+        f"{http}"
         f"  replicas:\n{''.join(lines)}"
         f'  try:  {command} generate --server {gateway} --image some.png "Describe the image."\n'
         f"  stop: Ctrl-C\n",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 from tessera.launcher import free_port
 from tests.reference import assert_greedy_match, noise_image
@@ -66,10 +69,19 @@ def test_generate_reports_errors_without_a_traceback(cluster, tmp_path):
 def test_serve_then_generate_on_a_fresh_home(tmp_path):
     """What the README promises: serve makes the demo model, prints where to connect,
     answers `tessera generate --image`, and stops everything on SIGTERM."""
-    port = free_port()
+    port, http_port = free_port(), free_port()
     env = {**os.environ, "TESSERA_HOME": str(tmp_path / "home")}
     serve = subprocess.Popen(
-        [*TESSERA, "serve", "--port", str(port), "--max-chunk-tokens", "8"],
+        [
+            *TESSERA,
+            "serve",
+            "--port",
+            str(port),
+            "--max-chunk-tokens",
+            "8",
+            "--http-port",
+            str(http_port),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -82,7 +94,7 @@ def test_serve_then_generate_on_a_fresh_home(tmp_path):
             line = serve.stdout.readline()
             assert line, "serve exited early:\n" + "".join(output)
             output.append(line)
-            if "Tessera is ready" in line:
+            if "stop: Ctrl-C" in line:
                 break
         text = "".join(output)
         assert "making the demo model" in text
@@ -101,6 +113,29 @@ def test_serve_then_generate_on_a_fresh_home(tmp_path):
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip()
+        # The OpenAI-compatible API is up too, on the port the ready message names.
+        assert f"http://127.0.0.1:{http_port}/v1" in text
+        image = base64.b64encode(noise_image(403, 30, 30)).decode()
+        body = {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": f"data:image/png;base64,{image}"},
+                        },
+                        {"type": "text", "text": "describe"},
+                    ],
+                }
+            ],
+            "max_tokens": 4,
+        }
+        answer = httpx.post(
+            f"http://127.0.0.1:{http_port}/v1/chat/completions", json=body, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 4
         assert (Path(env["TESSERA_HOME"]) / "demo-tiny" / "config.json").exists()
     finally:
         serve.send_signal(signal.SIGTERM)

@@ -1,0 +1,579 @@
+"""The rendered manifests keep the promises of deploy/README.md: probes that reach the
+real gRPC port, GPUs where the device is cuda, locked-down pods, enough time to drain,
+budgets and network policies, headless discovery, and container arguments the services'
+own parsers accept."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+import yaml
+
+from tests.deploy.k8s import (
+    K8S,
+    SERVICES,
+    Obj,
+    Pod,
+    Rendered,
+    all_containers,
+    container_args,
+    container_env,
+    flag_value,
+    is_tessera_image,
+    main_container,
+    memory_bytes,
+    pod_spec,
+    reachable,
+    redis_bytes,
+    without_flag,
+)
+
+GRPC_PORTS = {"gateway": 50051, "encoder": 50052, "decoder": 50053}
+METRICS_FLAG = "--metrics-port"
+# Where each service serves Prometheus /metrics: the gateway on its HTTP API port.
+METRICS_PORT_FLAGS = {"encoder": METRICS_FLAG, "decoder": METRICS_FLAG, "gateway": "--http-port"}
+GPU = "nvidia.com/gpu"
+
+
+# --- the services' own argument parsers -----------------------------------------------------
+
+
+def service_parts(service: str) -> tuple[Callable[[], argparse.ArgumentParser], type]:
+    if service == "encoder":
+        from encoder_service.config import EncoderConfig
+        from encoder_service.main import build_parser
+
+        return build_parser, EncoderConfig
+    if service == "decoder":
+        from decoder_service.config import DecoderConfig
+        from decoder_service.main import build_parser
+
+        return build_parser, DecoderConfig
+    from gateway.config import GatewayConfig
+    from gateway.main import build_parser
+
+    return build_parser, GatewayConfig
+
+
+@contextlib.contextmanager
+def container_environment(env: dict[str, str]) -> Iterator[None]:
+    """os.environ as in the container (for the parsers' TESSERA_* defaults)."""
+    saved = dict(os.environ)
+    try:
+        for name in [n for n in os.environ if n.startswith("TESSERA_")]:
+            del os.environ[name]
+        os.environ.update(env)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def parse_or_fail(parser: argparse.ArgumentParser, args: list[str], where: str):
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            return parser.parse_args(args)
+    except SystemExit:
+        pytest.fail(f"{where}: the parser refuses {args}:\n{stderr.getvalue()}", pytrace=False)
+
+
+def build_parser_in(env: dict[str, str], service: str) -> argparse.ArgumentParser:
+    build, _ = service_parts(service)
+    with container_environment(env):
+        return build()
+
+
+def parsed_service(rendered: Rendered, service: str) -> argparse.Namespace:
+    """The Namespace the service's real parser makes of the container's arguments (with
+    --metrics-port left out while a service does not have that flag yet: see
+    test_prometheus_scrapes_the_port_the_service_serves_metrics_on)."""
+    container = main_container(rendered.workload(service))
+    env = container_env(rendered, container)
+    args = container_args(rendered, container)
+    assert args[0] == service, f"{rendered.name}: tessera-{service} runs `tessera {args[0]}`"
+    parser = build_parser_in(env, service)
+    rest = args[1:]
+    if METRICS_FLAG not in parser._option_string_actions:
+        rest = without_flag(rest, METRICS_FLAG)
+    with container_environment(env):
+        return parse_or_fail(parser, rest, f"{rendered.name}: tessera-{service}")
+
+
+def test_every_tessera_container_runs_the_tessera_entrypoint(rendered: Rendered):
+    for workload in rendered.workloads():
+        for container in all_containers(workload):
+            if not is_tessera_image(container["image"]):
+                continue
+            where = f"{rendered.name}: {workload['metadata']['name']}/{container['name']}"
+            command = container.get("command")
+            if command is None:
+                continue  # the image's ENTRYPOINT, `tessera`
+            # The one other program the image provides for init steps.
+            assert command == ["hf"], f"{where}: unexpected command {command}"
+            assert container["args"][0] == "download", where
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_service_args_are_accepted_by_the_real_parser(rendered: Rendered, service: str):
+    """Each service's arguments, with env and ConfigMap values substituted as the kubelet
+    does, parse with `tessera <service>`'s parser and pass its config checks."""
+    args = parsed_service(rendered, service)
+    _, config_class = service_parts(service)
+    try:
+        config = config_class.from_args(args)
+    except SystemExit as error:
+        pytest.fail(f"{rendered.name}: tessera-{service}: {error}", pytrace=False)
+    assert config.host == "0.0.0.0", "listen on the pod IP, not loopback"
+    assert config.port == GRPC_PORTS[service]
+
+
+def test_init_container_args_are_accepted_by_the_tessera_cli(rendered: Rendered):
+    from tessera.cli import build_parser
+
+    for workload in rendered.workloads():
+        for container in pod_spec(workload).get("initContainers", []):
+            if not is_tessera_image(container["image"]) or "command" in container:
+                continue
+            args = container_args(rendered, container)
+            with container_environment(container_env(rendered, container)):
+                parse_or_fail(build_parser(), args, f"{rendered.name}: {container['name']}")
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_prometheus_scrapes_the_port_the_service_serves_metrics_on(rendered: Rendered, service):
+    """Encoders and decoders serve /metrics on --metrics-port, the gateway on its HTTP API
+    port. A service that does not have the flag yet skips only this check (the other
+    argument checks run without that one flag)."""
+    container = main_container(rendered.workload(service))
+    env = container_env(rendered, container)
+    args = container_args(rendered, container)
+    flag = METRICS_PORT_FLAGS[service]
+    assert flag_value(args, flag), f"{rendered.name}: tessera-{service} passes no {flag}"
+    parser = build_parser_in(env, service)
+    if flag not in parser._option_string_actions:
+        pytest.skip(
+            f"`tessera {service}` has no {flag} flag yet, which the manifests pass for "
+            f"Prometheus; this check passes once the flag exists"
+        )
+    with container_environment(env):
+        parsed = parse_or_fail(parser, args[1:], f"{rendered.name}: tessera-{service}")
+    port = getattr(parsed, flag.removeprefix("--").replace("-", "_"))
+    annotations = rendered.workload(service)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations.get("prometheus.io/path", "/metrics") == "/metrics"
+    assert port == int(annotations["prometheus.io/port"])
+    assert port in [p["containerPort"] for p in container["ports"]]
+
+
+# --- probes, ports and services --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_grpc_probes_use_the_numeric_port_the_service_listens_on(rendered: Rendered, service):
+    container = main_container(rendered.workload(service))
+    port = parsed_service(rendered, service).port
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["grpc"] == port
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container.get(kind)
+        assert probe, f"{rendered.name}: tessera-{service} has no {kind}"
+        assert "grpc" in probe, f"{kind} must check grpc.health.v1, not a TCP connect"
+        probe_port = probe["grpc"]["port"]
+        assert isinstance(probe_port, int) and not isinstance(probe_port, bool), (
+            f"{rendered.name}: tessera-{service} {kind} port {probe_port!r}: the grpc "
+            "probe takes a number, never a port name"
+        )
+        assert probe_port == port, f"{kind} checks {probe_port}, the service listens on {port}"
+        assert "service" not in probe["grpc"], "the overall health (empty service name)"
+
+
+def service_target_port(service: Obj, port: Obj, container: Obj) -> int:
+    target = port.get("targetPort", port["port"])
+    if isinstance(target, int):
+        return target
+    (number,) = [p["containerPort"] for p in container["ports"] if p["name"] == target]
+    return number
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_services_select_the_pods_and_reach_their_grpc_port(rendered: Rendered, service: str):
+    workload = rendered.workload(service)
+    svc = rendered.get("Service", f"tessera-{service}")
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    (grpc,) = [p for p in svc["spec"]["ports"] if p["name"] == "grpc"]
+    assert grpc["port"] == GRPC_PORTS[service]
+    assert service_target_port(svc, grpc, main_container(workload)) == GRPC_PORTS[service]
+    headless = svc["spec"].get("clusterIP") == "None"
+    if service == "gateway":
+        assert not headless and svc["spec"].get("type", "ClusterIP") == "ClusterIP"
+    else:
+        # The gateway must see every replica through DNS, not one virtual IP.
+        assert headless, f"{rendered.name}: the {service} Service must be headless"
+        assert not svc["spec"].get("publishNotReadyAddresses", False)
+
+
+@pytest.mark.parametrize(("flag", "service"), [("encoders", "encoder"), ("decoders", "decoder")])
+def test_gateway_discovers_replicas_through_the_headless_services(rendered, flag, service):
+    gateway = parsed_service(rendered, "gateway")
+    (target,) = getattr(gateway, flag)
+    assert target.startswith("dns:///"), f"--{flag} must resolve every replica: {target}"
+    name, port = target.removeprefix("dns:///").rsplit(":", 1)
+    svc = rendered.get("Service", name)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert int(port) in [p["port"] for p in svc["spec"]["ports"]]
+    assert int(port) == parsed_service(rendered, service).port
+
+
+def test_encoders_share_the_redis_service(rendered: Rendered):
+    url = parsed_service(rendered, "encoder").redis_url
+    assert url, "encoders run with --redis-url"
+    host_port = url.removeprefix("redis://").split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    svc = rendered.get("Service", host)
+    redis = rendered.get("StatefulSet", "tessera-redis")
+    assert (
+        svc["spec"]["selector"].items() <= redis["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert int(port) in [p["port"] for p in svc["spec"]["ports"]]
+
+
+# --- security -------------------------------------------------------------------------------
+
+
+def test_every_container_is_non_root_read_only_and_unprivileged(rendered: Rendered):
+    for workload in rendered.workloads():
+        spec = pod_spec(workload)
+        pod = spec.get("securityContext", {})
+        name = workload["metadata"]["name"]
+        assert spec.get("automountServiceAccountToken") is False, name
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+        assert pod.get("runAsUser", 1) != 0 and pod.get("runAsGroup", 1) != 0, name
+        for container in all_containers(workload):
+            where = f"{rendered.name}: {name}/{container['name']}"
+            own = container.get("securityContext", {})
+
+            def effective(key, own=own, pod=pod):
+                return own.get(key, pod.get(key))
+
+            assert effective("runAsNonRoot") is True, f"{where}: runAsNonRoot"
+            assert effective("runAsUser") not in (0, None), f"{where}: a numeric non-root uid"
+            assert own.get("readOnlyRootFilesystem") is True, f"{where}: readOnlyRootFilesystem"
+            assert own.get("allowPrivilegeEscalation") is False, f"{where}: privilege escalation"
+            assert not own.get("privileged"), where
+            assert own.get("capabilities", {}).get("drop") == ["ALL"], f"{where}: drop ALL"
+            assert not own.get("capabilities", {}).get("add"), where
+            seccomp = effective("seccompProfile") or {}
+            assert seccomp.get("type") == "RuntimeDefault", f"{where}: seccompProfile"
+
+
+def test_writable_paths_are_empty_dirs(rendered: Rendered):
+    """With a read-only root, what torch, Hugging Face and Python write goes to /tmp,
+    /cache (HF_HOME, TESSERA_HOME in the image) and /dev/shm: all emptyDir."""
+    for workload in rendered.workloads():
+        volumes = {v["name"]: v for v in pod_spec(workload).get("volumes", [])}
+        for container in all_containers(workload):
+            if not is_tessera_image(container["image"]):
+                continue
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            where = f"{rendered.name}: {workload['metadata']['name']}/{container['name']}"
+            needed = ["/tmp", "/cache"]
+            if container in pod_spec(workload)["containers"]:
+                needed.append("/dev/shm")
+            for path in needed:
+                assert path in mounts, f"{where}: nothing writable mounted at {path}"
+                assert "emptyDir" in volumes[mounts[path]], f"{where}: {path}"
+            if "/dev/shm" in needed:
+                shm = volumes[mounts["/dev/shm"]]
+                assert shm["emptyDir"].get("medium") == "Memory", f"{where}: /dev/shm in RAM"
+                assert shm["emptyDir"].get("sizeLimit"), f"{where}: bound /dev/shm"
+
+
+def test_pods_do_not_get_service_links(rendered: Rendered):
+    """A Service named tessera-encoder would put TESSERA_ENCODER_PORT=tcp://... in every
+    pod's environment, beside the TESSERA_* variables the services read."""
+    for workload in rendered.workloads():
+        assert pod_spec(workload).get("enableServiceLinks") is False, workload["metadata"]
+
+
+# --- shutdown -------------------------------------------------------------------------------
+
+
+def pre_stop_seconds(container: Obj) -> float:
+    handler = container.get("lifecycle", {}).get("preStop")
+    assert handler, f"{container['name']}: no preStop hook"
+    if "sleep" in handler:
+        return float(handler["sleep"]["seconds"])
+    command = handler["exec"]["command"]
+    assert command[0] in ("sleep", "/bin/sleep"), command
+    return float(command[1])
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_grace_period_covers_pre_stop_and_drain(rendered: Rendered, service: str):
+    workload = rendered.workload(service)
+    container = main_container(workload)
+    drain = parsed_service(rendered, service).drain_seconds
+    sleep = pre_stop_seconds(container)
+    grace = pod_spec(workload).get("terminationGracePeriodSeconds", 30)
+    assert sleep >= 5, "the preStop sleep lets endpoints and the gateway's DNS catch up"
+    assert grace >= sleep + drain, (
+        f"{rendered.name}: tessera-{service}: terminationGracePeriodSeconds {grace} < "
+        f"preStop {sleep} + --drain-seconds {drain}: requests would be cut off"
+    )
+    liveness = container["livenessProbe"]
+    patience = liveness.get("periodSeconds", 10) * liveness.get("failureThreshold", 3)
+    assert patience > drain, "liveness must not kill a pod that is draining (NOT_SERVING)"
+
+
+# --- resources and devices ------------------------------------------------------------------
+
+
+def test_every_container_has_requests_and_limits(rendered: Rendered):
+    for workload in rendered.workloads():
+        for container in all_containers(workload):
+            where = f"{rendered.name}: {workload['metadata']['name']}/{container['name']}"
+            resources = container.get("resources", {})
+            for kind in ("requests", "limits"):
+                for resource in ("cpu", "memory"):
+                    assert resource in resources.get(kind, {}), f"{where}: {kind}.{resource}"
+            assert memory_bytes(resources["requests"]["memory"]) <= memory_bytes(
+                resources["limits"]["memory"]
+            ), where
+
+
+def test_devices_match_gpu_limits(rendered: Rendered):
+    """A service on cuda has a GPU in its limits (and lands on GPU nodes); a CPU one has
+    none."""
+    for service in ("encoder", "decoder"):
+        workload = rendered.workload(service)
+        spec = pod_spec(workload)
+        limits = main_container(workload)["resources"]["limits"]
+        device = parsed_service(rendered, service).device
+        where = f"{rendered.name}: tessera-{service} on {device}"
+        if device.startswith("cuda"):
+            assert isinstance(limits.get(GPU), int) and limits[GPU] >= 1, where
+            assert spec.get("nodeSelector"), f"{where}: no nodeSelector"
+            assert any(t.get("key") == GPU for t in spec.get("tolerations", [])), where
+        else:
+            assert GPU not in limits, where
+
+
+def test_gpu_overlay_gives_every_decoder_a_gpu(renders):
+    gpu = renders["gpu"]
+    container = main_container(gpu.workload("decoder"))
+    assert container["resources"]["limits"][GPU] == 1
+    assert parsed_service(gpu, "decoder").device == "cuda"
+    assert parsed_service(gpu, "decoder").dtype == "bfloat16"
+    strategy = gpu.workload("decoder")["spec"]["strategy"]["rollingUpdate"]
+    assert strategy["maxSurge"] == 0, "a surge pod would wait for a GPU that is not free"
+    for name in ("cpu-dev",):
+        for workload in renders[name].workloads():
+            for c in all_containers(workload):
+                assert GPU not in c["resources"].get("limits", {}), f"{name}: no GPUs"
+
+
+# --- availability and scaling ----------------------------------------------------------------
+
+
+def test_every_workload_has_a_disruption_budget_that_allows_drains(rendered: Rendered):
+    budgets = rendered.kind("PodDisruptionBudget")
+    for workload in rendered.workloads():
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        matching = [
+            b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert len(matching) == 1, f"{rendered.name}: {workload['metadata']['name']}"
+        spec = matching[0]["spec"]
+        # Never a budget that blocks every eviction (a node drain would hang).
+        assert spec.get("maxUnavailable", 0) >= 1 or "minAvailable" in spec
+
+
+def test_encoders_autoscale_on_their_queue_with_cpu_as_fallback(rendered: Rendered):
+    (hpa,) = rendered.kind("HorizontalPodAutoscaler")
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "tessera-encoder",
+    }
+    pods = {m["pods"]["metric"]["name"] for m in spec["metrics"] if m["type"] == "Pods"}
+    assert pods == {"tessera_encoder_queue_depth", "tessera_encoder_busy_fraction"}
+    resources = [m["resource"]["name"] for m in spec["metrics"] if m["type"] == "Resource"]
+    assert resources == ["cpu"]
+    assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]
+    # The HPA owns the encoder count; decoders (a GPU each) are scaled by hand.
+    assert "replicas" not in rendered.workload("encoder")["spec"]
+    assert "replicas" in rendered.workload("decoder")["spec"]
+
+
+def monitoring(name: str) -> list[Obj]:
+    return [d for d in yaml.safe_load_all((K8S / "monitoring" / name).read_text()) if d]
+
+
+def test_the_adapter_rules_serve_the_metrics_the_autoscaler_reads(renders):
+    (values,) = monitoring("prometheus-adapter-values.yaml")
+    served = {rule["name"]["as"] for rule in values["rules"]["custom"]}
+    for rendered in renders.values():
+        (hpa,) = rendered.kind("HorizontalPodAutoscaler")
+        wanted = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if "pods" in m}
+        assert wanted <= served, f"{rendered.name}: no adapter rule for {wanted - served}"
+    for rule in values["rules"]["custom"]:
+        assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+    (pod_monitor,) = monitoring("podmonitor.yaml")
+    endpoints = {e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]}
+    for service in SERVICES:
+        workload = renders["cpu-dev"].workload(service)
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        scraped = {
+            p["name"]
+            for p in main_container(workload)["ports"]
+            if p["containerPort"]
+            == int(workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"])
+        }
+        assert scraped & endpoints, f"the PodMonitor scrapes no port of tessera-{service}"
+    (scaled,) = monitoring("keda-scaledobject.yaml")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "tessera-encoder"
+
+
+def test_cpu_dev_runs_one_replica_of_each(renders):
+    cpu = renders["cpu-dev"]
+    for workload in cpu.workloads():
+        assert workload["spec"].get("replicas", 1) == 1, workload["metadata"]["name"]
+    (hpa,) = cpu.kind("HorizontalPodAutoscaler")
+    assert hpa["spec"]["minReplicas"] == 1
+
+
+# --- Redis ------------------------------------------------------------------------------------
+
+
+def test_redis_is_a_bounded_lru_cache_without_persistence(rendered: Rendered):
+    redis = rendered.get("StatefulSet", "tessera-redis")
+    assert "volumeClaimTemplates" not in redis["spec"], "a cache: nothing to persist"
+    container = main_container(redis)
+    args = container_args(rendered, container)
+    assert container.get("command") == ["redis-server"]
+    assert flag_value(args, "--maxmemory-policy") == "allkeys-lru"
+    assert flag_value(args, "--save") == "", "no RDB snapshots"
+    assert flag_value(args, "--appendonly") == "no", "no AOF"
+    maxmemory = redis_bytes(flag_value(args, "--maxmemory"))
+    limit = memory_bytes(container["resources"]["limits"]["memory"])
+    assert 0 < maxmemory <= 0.8 * limit, (
+        f"{rendered.name}: maxmemory {maxmemory} must leave room under the {limit} B limit "
+        "(fragmentation, buffers), or Redis is OOM-killed instead of evicting"
+    )
+
+
+# --- model weights ----------------------------------------------------------------------------
+
+
+def test_every_service_finds_its_model_under_the_models_volume(rendered: Rendered):
+    for service in SERVICES:
+        workload = rendered.workload(service)
+        container = main_container(workload)
+        model = parsed_service(rendered, service).model
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        models = mounts["models"]
+        assert model.startswith(models["mountPath"] + "/"), (rendered.name, service, model)
+        assert models.get("readOnly") is True, "serving containers never write weights"
+        volume = next(v for v in pod_spec(workload)["volumes"] if v["name"] == "models")
+        if "emptyDir" in volume:
+            # Something must fill it before the service starts: an init container.
+            writers = [
+                c
+                for c in pod_spec(workload).get("initContainers", [])
+                if any(m["name"] == "models" and not m.get("readOnly") for m in c["volumeMounts"])
+            ]
+            assert writers, f"{rendered.name}: tessera-{service}: empty models volume"
+        else:
+            claim = volume["persistentVolumeClaim"]
+            assert claim.get("readOnly") is True
+            rendered.get("PersistentVolumeClaim", claim["claimName"])
+
+
+def test_cpu_dev_generates_the_tiny_demo_model_where_the_services_look(renders):
+    cpu = renders["cpu-dev"]
+    for service in SERVICES:
+        workload = cpu.workload(service)
+        (init,) = pod_spec(workload)["initContainers"]
+        args = container_args(cpu, init)
+        assert args[:2] == ["make-demo-model", parsed_service(cpu, service).model]
+        assert flag_value(args, "--size") == "tiny"
+        assert init["image"] == main_container(workload)["image"]
+
+
+def test_one_tessera_image_never_latest(rendered: Rendered):
+    images = {
+        c["image"]
+        for w in rendered.workloads()
+        for c in all_containers(w)
+        if is_tessera_image(c["image"])
+    }
+    assert len(images) == 1, images
+    for workload in rendered.workloads():
+        for container in all_containers(workload):
+            image = container["image"]
+            assert ":" in image and not image.endswith(":latest"), image
+
+
+# --- network policies -------------------------------------------------------------------------
+
+NS = "tessera"
+
+
+def pods_of(rendered: Rendered) -> dict[str, Pod]:
+    pods = {
+        workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: Pod(
+            workload["metadata"]["name"],
+            NS,
+            tuple(sorted(workload["spec"]["template"]["metadata"]["labels"].items())),
+        )
+        for workload in rendered.workloads()
+    }
+    pods["stranger"] = Pod("stranger", NS, (("app", "something-else"),))
+    pods["outsider"] = Pod("outsider", "elsewhere", (("app", "prometheus"),))
+    pods["dns"] = Pod("coredns", "kube-system", (("k8s-app", "kube-dns"),))
+    return pods
+
+
+def test_network_policies_allow_exactly_the_paths_tessera_uses(rendered: Rendered):
+    policies = rendered.kind("NetworkPolicy")
+    assert policies
+    pods = pods_of(rendered)
+    gateway, encoder, decoder, cache = (pods[n] for n in ("gateway", "encoder", "decoder", "cache"))
+    allowed = {
+        ("gateway", "encoder", 50052),
+        ("gateway", "decoder", 50053),
+        ("decoder", "encoder", 50052),
+        ("encoder", "cache", 6379),
+        ("stranger", "gateway", 50051),
+        ("outsider", "gateway", 50051),
+        ("stranger", "gateway", 8000),
+        ("outsider", "gateway", 8000),
+    }
+    ports = [("gateway", 50051), ("gateway", 8000), ("encoder", 50052), ("decoder", 50053)]
+    ports.append(("cache", 6379))
+    sources = ["gateway", "encoder", "decoder", "cache", "stranger", "outsider"]
+    wrong = []
+    for src in sources:
+        for dst, port in ports:
+            if src == dst:
+                continue
+            expected = (src, dst, port) in allowed
+            if reachable(policies, pods[src], pods[dst], port) != expected:
+                wrong.append(f"{src} -> {dst}:{port} should be {'open' if expected else 'shut'}")
+    assert not wrong, f"{rendered.name}:\n" + "\n".join(wrong)
+    for pod in (gateway, encoder, decoder, cache):
+        assert reachable(policies, pod, pods["dns"], 53, "UDP"), f"{pod.name}: DNS"
+        assert reachable(policies, pod, pods["dns"], 53, "TCP"), f"{pod.name}: DNS over TCP"
+    # Prometheus, from its own namespace, scrapes the services but not Redis.
+    for pod in (encoder, decoder):
+        assert reachable(policies, pods["outsider"], pod, 9100), f"{pod.name}: /metrics"
+    assert not reachable(policies, pods["outsider"], cache, 9100)

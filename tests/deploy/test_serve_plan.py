@@ -1,0 +1,117 @@
+"""What `tessera serve --encoders N --decoders M [--redis-url URL]` starts, without
+starting it: the same flags the Kubernetes manifests give each service."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tessera.cli import build_parser
+from tessera.launcher import plan_replicas, route_flags
+
+ROUTED = {"encoder": [], "decoder": [], "gateway": []}
+
+
+def plan(**kwargs):
+    return plan_replicas("m", "127.0.0.1", 50051, ROUTED, ports=itertools.count(41000), **kwargs)
+
+
+def test_default_is_one_of_each_with_the_old_arguments():
+    replicas = plan()
+    assert [(r.name, r.service) for r in replicas] == [
+        ("encoder", "encoder"),
+        ("decoder", "decoder"),
+        ("gateway", "gateway"),
+    ]
+    encoder, decoder, gateway = replicas
+    common = ["--model", "m", "--host", "127.0.0.1"]
+    assert encoder.args == [*common, "--port", "41000"]
+    assert decoder.args == [*common, "--port", "41001"]
+    assert gateway.args == [
+        *common,
+        "--port",
+        "50051",
+        "--encoders",
+        "127.0.0.1:41000",
+        "--decoders",
+        "127.0.0.1:41001",
+    ]
+
+
+def test_replicas_share_redis_and_the_gateway_gets_every_address():
+    replicas = plan(encoders=3, decoders=2, redis_url="redis://127.0.0.1:6400/0")
+    encoders = [r for r in replicas if r.service == "encoder"]
+    decoders = [r for r in replicas if r.service == "decoder"]
+    (gateway,) = [r for r in replicas if r.service == "gateway"]
+    assert [r.name for r in encoders] == ["encoder-0", "encoder-1", "encoder-2"]
+    assert [r.name for r in decoders] == ["decoder-0", "decoder-1"]
+    assert len({r.address for r in replicas}) == len(replicas) == 6
+    for encoder in encoders:
+        assert encoder.args[-2:] == ["--redis-url", "redis://127.0.0.1:6400/0"]
+    for decoder in decoders:
+        assert "--redis-url" not in decoder.args
+    index = gateway.args.index("--encoders")
+    assert gateway.args[index + 1] == ",".join(r.address for r in encoders)
+    index = gateway.args.index("--decoders")
+    assert gateway.args[index + 1] == ",".join(r.address for r in decoders)
+
+
+def test_each_replica_gets_its_own_metrics_port_when_the_service_has_the_flag():
+    replicas = plan(encoders=2, with_metrics={"encoder", "decoder"})
+    metrics = [r.metrics_port for r in replicas]
+    assert metrics[2] is not None and metrics[-1] is None  # the gateway lacks it here
+    taken = [int(r.address.rsplit(":", 1)[1]) for r in replicas] + [
+        m for m in metrics if m is not None
+    ]
+    assert len(taken) == len(set(taken))
+    for replica in replicas:
+        if replica.metrics_port is not None:
+            index = replica.args.index("--metrics-port")
+            assert replica.args[index + 1] == str(replica.metrics_port)
+
+
+def test_every_planned_command_line_parses_in_its_service():
+    from decoder_service.main import build_parser as decoder_parser
+    from encoder_service.main import build_parser as encoder_parser
+    from gateway.main import build_parser as gateway_parser
+
+    parsers = {
+        "encoder": encoder_parser(),
+        "decoder": decoder_parser(),
+        "gateway": gateway_parser(),
+    }
+    routed = route_flags(["--max-chunk-tokens", "16", "--device=cpu"], parsers)
+    with_metrics = {n for n, p in parsers.items() if "--metrics-port" in p._option_string_actions}
+    replicas = plan_replicas(
+        "m",
+        "127.0.0.1",
+        50051,
+        routed,
+        encoders=2,
+        decoders=2,
+        redis_url="redis://127.0.0.1:6379/0",
+        with_metrics=with_metrics,
+        ports=itertools.count(42000),
+    )
+    for replica in replicas:
+        parsed = parsers[replica.service].parse_args(replica.args)
+        assert f"{parsed.host}:{parsed.port}" == replica.address
+    gateway = parsers["gateway"].parse_args(replicas[-1].args)
+    assert len(gateway.encoders) == 2 and len(gateway.decoders) == 2
+
+
+def test_serve_options():
+    args, extra = build_parser().parse_known_args(
+        ["serve", "--encoders", "3", "--decoders", "2", "--redis-url", "redis://h:1/0"]
+    )
+    assert (args.encoders, args.decoders, args.redis_url, extra) == (3, 2, "redis://h:1/0", [])
+    args, _ = build_parser().parse_known_args(["serve"])
+    assert (args.encoders, args.decoders, args.redis_url) == (1, 1, None)
+    with pytest.raises(SystemExit):
+        build_parser().parse_known_args(["serve", "--encoders", "0"])
+
+
+def test_metrics_port_is_set_by_serve_itself():
+    with pytest.raises(SystemExit, match="sets --metrics-port itself"):
+        route_flags(["--metrics-port", "9100"], {"encoder": build_parser()})
