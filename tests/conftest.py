@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.launcher import free_port
 from tests.cluster import Cluster
 
 
@@ -34,9 +35,14 @@ def cluster(demo_model_dir) -> Cluster:
     model = ["--model", str(demo_model_dir)]
     services = Cluster()
     try:
-        encoder = services.start("encoder", "encoder", model)
+        services.metrics_ports = {"encoder": free_port(), "decoder": free_port()}
+        encoder = services.start(
+            "encoder", "encoder", [*model, "--metrics-port", str(services.metrics_ports["encoder"])]
+        )
         services.start("small-encoder", "encoder", [*model, "--cache-bytes", "0"])
-        decoder = services.start("decoder", "decoder", model)
+        decoder = services.start(
+            "decoder", "decoder", [*model, "--metrics-port", str(services.metrics_ports["decoder"])]
+        )
         services.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
         services.wait_ready()
         yield services

@@ -79,3 +79,42 @@ def test_sigterm_lets_the_request_in_flight_finish(demo_model_dir):
         assert "stopped" in own.log_text("decoder")
     finally:
         own.stop()
+
+
+def test_encoder_and_decoder_metrics_parse_and_move(cluster):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tessera.client import Client, Message
+    from tests.reference import noise_image
+
+    def scrape(name: str) -> dict[str, float]:
+        url = f"http://127.0.0.1:{cluster.metrics_ports[name]}/metrics"
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(httpx.get(url, timeout=10).text)
+            for sample in family.samples
+        }
+
+    encoder, decoder = scrape("encoder"), scrape("decoder")
+    with Client(cluster.address("gateway")) as client:
+        client.complete([Message("user", [noise_image(1201, 30, 30), "metrics?"])])
+    encoder_after, decoder_after = scrape("encoder"), scrape("decoder")
+    assert (
+        encoder_after["tessera_encoder_items_requested_total"]
+        > encoder["tessera_encoder_items_requested_total"]
+    )
+    assert (
+        encoder_after["tessera_encoder_bytes_sent_total"]
+        > encoder["tessera_encoder_bytes_sent_total"]
+    )
+    assert (
+        decoder_after["tessera_decoder_finished_total"]
+        == decoder["tessera_decoder_finished_total"] + 1
+    )
+    assert (
+        decoder_after["tessera_decoder_embedding_bytes_received_total"]
+        > decoder["tessera_decoder_embedding_bytes_received_total"]
+    )
+    assert 0 <= decoder_after["tessera_decoder_kv_cache_usage"] <= 1
+    assert "tessera_encoder_queue_depth" in encoder_after
