@@ -33,6 +33,7 @@ proto: venv
 	$(BIN)/python scripts/gen_proto.py
 
 bench: venv
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 clean:

@@ -1,22 +1,16 @@
-"""What every benchmark shares: the checkpoint, seeded requests, services, progress."""
+"""What every benchmark shares: the checkpoint, the environment, progress, tables."""
 
 from __future__ import annotations
 
-import random
-import statistics
+import os
+import platform
+import subprocess
+import sys
 import tempfile
-from dataclasses import dataclass
+import time
 from pathlib import Path
 
-from tests.cluster import Cluster
-from tests.reference import noise_image
-
-WORDS = [
-    *("a", "red", "cat", "sits", "on", "the", "old", "blue", "chair", "near"),
-    *("one", "small", "window", "while", "birds", "fly"),
-]
-
-Prompt = list[tuple[str, list[str | bytes]]]
+import torch
 
 
 def bench_model(model: str | None) -> str:
@@ -30,74 +24,77 @@ def bench_model(model: str | None) -> str:
     return str(make_demo_model(directory, seed=0, size="bench"))
 
 
-@dataclass(frozen=True)
-class Workload:
-    """Seeded chat requests: `num_images` images each, drawn from a pool of
-    `num_distinct_images` (reuse = 1 - distinct / (requests * images))."""
+def environment(model: str, argv: list[str]) -> dict[str, object]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
 
-    num_requests: int
-    num_distinct_images: int
-    num_images: int
-    num_text_words: int
-    max_tokens: int
-    seed: int
-
-    def prompts(self) -> list[Prompt]:
-        rng = random.Random(self.seed)
-        pool = [
-            noise_image(self.seed * 1000 + i, 64 + i % 50, 48 + i % 40)
-            for i in range(self.num_distinct_images)
-        ]
-        prompts = []
-        for _ in range(self.num_requests):
-            parts: list[str | bytes] = [rng.choice(pool) for _ in range(self.num_images)]
-            parts.append(" ".join(rng.choice(WORDS) for _ in range(self.num_text_words)))
-            prompts.append([("user", parts)])
-        return prompts
-
-
-def start_services(
-    model: str, decoder_flags: list[str] = (), encoder_flags: list[str] = ()
-) -> Cluster:
-    cluster = Cluster()
-    encoder = cluster.start("encoder", "encoder", ["--model", model, *encoder_flags])
-    decoder = cluster.start("decoder", "decoder", ["--model", model, *decoder_flags])
-    cluster.start(
-        "gateway", "gateway", ["--model", model, "--encoders", encoder, "--decoders", decoder]
-    )
-    cluster.wait_ready()
-    return cluster
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "command": " ".join(["python -m benchmarks.run", *argv]),
+        "git_commit": git("rev-parse", "--short", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain")),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "machine": platform.machine(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "load_average_at_start": os.getloadavg(),
+        "model": model,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
 
 
 class Progress:
+    """A one-line progress bar on stderr."""
+
     def __init__(self, total: int, label: str):
-        self.total, self.label, self.done = total, label, 0
+        self.total, self.label, self.done = max(1, total), label, 0
+        self.started = time.perf_counter()
+        self._draw()
 
     def advance(self, count: int = 1) -> None:
         self.done += count
+        self._draw()
+        if self.done >= self.total:
+            print(file=sys.stderr, flush=True)
+
+    def _draw(self) -> None:
         filled = 30 * self.done // self.total
         bar = "#" * filled + "." * (30 - filled)
-        print(f"\r  {self.label:<28} [{bar}] {self.done}/{self.total}", end="", flush=True)
-        if self.done >= self.total:
-            print()
+        elapsed = time.perf_counter() - self.started
+        print(
+            f"\r  {self.label:<30} [{bar}] {self.done}/{self.total} {elapsed:5.0f}s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+def cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != value:
+            return "-"
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
-    def cell(value: object) -> str:
-        return f"{value:.3g}" if isinstance(value, float) else str(value)
-
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -1,88 +1,298 @@
-"""`make bench`: Tessera against the model's own generate(), side by side.
+"""`make bench`: Tessera and every baseline side by side, on the same seeded requests.
 
-    python -m benchmarks.run [--quick] [--model M] [--json FILE]
+    python -m benchmarks.run [--quick] [--model M] [--out DIR] [--redis-url URL]
+                             [--suites arms chunks poisson latency wire growth fleet]
 
-Suites: throughput at 1, 4 and 16 concurrent clients (80% image reuse) and inter-token
-latency of running requests while long multimodal prompts arrive, chunked prefill on and
-off. Every Tessera output is checked against generate(); a difference fails the run.
+Arms: hf-generate (generate() in this process), reencode-per-chunk (chunked prefill that
+re-runs the vision tower for every chunk touching an image), whole-fetch (the decoder
+fetches whole items for every chunk), no-cache (embedding cache and prefix cache off),
+tessera. Every arm's greedy tokens are checked against generate(); a real difference
+fails the run. Writes results.json, results.md and PNG plots to --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import platform
 import sys
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
-import torch
-
-from benchmarks import latency, throughput
-from benchmarks.common import Workload, bench_model, start_services
+from benchmarks import fleet, growth, latency, plots, report, wire
+from benchmarks.common import bench_model, environment
+from benchmarks.inprocess import HfGenerate, ReencodePerChunk
+from benchmarks.scale import FULL, QUICK, Scale
+from benchmarks.services import add_deployment
+from benchmarks.suite import CellRunner, ModelShape, References
+from benchmarks.workloads import Spec
+from tests.cluster import Cluster
+from tests.redis_server import PrivateRedis
 from tests.reference import Reference
+
+SUITES = ["arms", "chunks", "poisson", "latency", "wire", "growth", "fleet"]
+# Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
+# request names its chunk size.
+DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
+DECODER_FLAGS += ["--max-num-seqs", "16"]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, scale: Scale):
+        self.args, self.scale = args, scale
+        self.model = bench_model(args.model)
+        self.env = environment(self.model, sys.argv[1:])
+        print(f"environment: {json.dumps(self.env)}", flush=True)
+        self.cluster = Cluster()
+        self.redis = None
+        self.fingerprint = uuid.uuid4().hex if args.redis_url else None
+        self.results: dict[str, object] = {"environment": self.env}
+        self.md: list[str] = []
+
+    def start(self) -> None:
+        model, suites = self.model, self.args.suites
+        unique = ["--model-fingerprint", self.fingerprint] if self.fingerprint else []
+        redis = ["--redis-url", self.args.redis_url] if self.args.redis_url else []
+        self.tessera = add_deployment(
+            self.cluster, "tessera", model, 1, redis, DECODER_FLAGS, unique
+        )
+        self.whole = add_deployment(
+            self.cluster, "whole-fetch", model, 1, (), [*DECODER_FLAGS, "--fetch-mode", "whole"]
+        )
+        self.no_cache = add_deployment(
+            self.cluster,
+            "no-cache",
+            model,
+            1,
+            ["--cache-bytes", "0"],
+            [*DECODER_FLAGS, "--no-enable-prefix-caching"],
+        )
+        if "fleet" in suites:
+            self._start_fleet()
+        started = time.perf_counter()
+        print(f"starting {len(self.cluster.children)} service processes", flush=True)
+        self.cluster.wait_ready()
+        print(f"  ready in {time.perf_counter() - started:.0f}s", flush=True)
+        reference = Reference(Path(model))
+        self.hf = HfGenerate(reference)
+        self.reencode = ReencodePerChunk(reference)
+        self.runner = CellRunner(
+            References(self.hf), ModelShape(reference.image_token_id, reference.hidden_size)
+        )
+        self.arms = [self.hf, self.reencode, self.whole, self.no_cache, self.tessera]
+        warm = Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1)
+        self.runner.closed_loop("warm-up", warm, self.arms, 2)
+
+    def _start_fleet(self) -> None:
+        self.redis = PrivateRedis(Path(tempfile.mkdtemp(prefix="tessera-bench-redis-")))
+        self.redis.start()
+        self.fleet = fleet.start_processes(
+            self.cluster, self.model, self.redis.url, self.scale.fleet_pool, self.no_cache
+        )
+
+    def stop(self) -> None:
+        for arm in (self.tessera, self.whole, self.no_cache):
+            arm.close()
+        self.cluster.stop()
+        if self.redis is not None:
+            self.redis.kill()
+
+    # -- suites ------------------------------------------------------------------------
+
+    def arms_suite(self) -> None:
+        cells = [
+            self.runner.closed_loop(
+                spec.name,
+                spec,
+                self.arms,
+                concurrency,
+                spec.num_requests // spec.turns if spec.turns > 1 else None,
+            )
+            for spec, concurrency in self.scale.cells
+        ]
+        self.cells = cells
+        self.results["cells"] = [c.summary() for c in cells]
+        self.md += [
+            "## Arms side by side\n",
+            "### Headline: tessera against each arm\n",
+            report.headline_table(cells),
+            "",
+        ]
+        self.md += ["### Every arm, workload by workload\n", *map(report.cell_section, cells)]
+        by_name = {c.name: c for c in cells}
+        sweep = [by_name[n] for n in ("reuse80-c1", "reuse80-c4", "reuse80-c16") if n in by_name]
+        out = self.args.out
+        plots.throughput_vs_concurrency(sweep, out / "throughput_vs_concurrency.png")
+        plots.latency_cdfs(by_name["reuse80-c4"], out / "latency_cdfs.png")
+        self.md += [
+            "![throughput](throughput_vs_concurrency.png)",
+            "![latency CDFs](latency_cdfs.png)",
+            "",
+        ]
+
+    def chunks_suite(self) -> None:
+        cells = []
+        for index, chunk in enumerate(self.scale.chunk_sizes):
+            spec = Spec(
+                f"chunk-{chunk}",
+                self.scale.chunk_requests,
+                self.scale.chunk_images,
+                0.0,
+                output_tokens=(16, 16),
+                chunk_tokens=chunk,
+                seed=200 + index,
+            )
+            cells.append(self.runner.closed_loop(spec.name, spec, self.arms, 2))
+        self.chunk_cells = cells
+        self.results["chunks"] = [c.summary() for c in cells]
+        plots.bytes_vs_chunk(cells, self.args.out / "bytes_vs_chunk.png")
+        self.md += [
+            "## Chunk size: bytes received and encoder passes\n",
+            f"{cells[0].description.split(', chunk')[0]}, fresh images per chunk size, "
+            "2 clients.\n",
+            report.chunk_table(cells),
+            "",
+            "![bytes vs chunk](bytes_vs_chunk.png)",
+            "",
+        ]
+
+    def poisson_suite(self) -> None:
+        spec = Spec(
+            "poisson", self.scale.poisson_requests, 1, 0.8, output_tokens=(16, 64), seed=300
+        )
+        cell = self.runner.open_loop(
+            "open-loop Poisson",
+            spec,
+            [self.whole, self.no_cache, self.tessera],
+            self.scale.poisson_rate,
+            segment=8,
+        )
+        self.results["poisson"] = cell.summary()
+        self.md += ["## Open loop (Poisson arrivals)\n", report.cell_section(cell)]
+
+    def latency_suite(self) -> None:
+        long_prompts = Spec(
+            "long",
+            self.scale.latency_long_prompts,
+            4,
+            0.0,
+            text_words=(200, 200),
+            output_tokens=(4, 4),
+            seed=400,
+        )
+        self.latency = [
+            latency.measure(self.tessera, chunk, long_prompts)
+            for chunk in self.scale.latency_chunks
+        ]
+        self.results["latency"] = [vars(r) | {"p99_over_p50": r.p99_over_p50} for r in self.latency]
+        self.md += [
+            "## Inter-token latency while a long multimodal prompt prefills (tessera)\n",
+            "3 streams decode while prompts of 4 images + 200 words arrive.\n",
+            latency.table(self.latency),
+            "",
+        ]
+
+    def wire_suite(self) -> None:
+        address = self.cluster.address(self.tessera.encoders[0])
+        self.wire = wire.measure(
+            address, self.model, self.fingerprint, self.scale.wire_copies, self.scale.wire_repeats
+        )
+        self.results["wire"] = {"bytes": self.wire.num_bytes, "mib_per_s": self.wire.mib_per_s}
+        self.md += [
+            "## Wire: embedding slices over gRPC vs raw loopback TCP\n",
+            f"{self.wire.num_bytes / 2**20:.0f} MiB per run.\n",
+            wire.table(self.wire),
+            "",
+        ]
+
+    def growth_suite(self) -> None:
+        results = growth.measure(
+            self.runner, self.hf, self.tessera, self.scale.growth_repeats, self.scale.growth_values
+        )
+        self.results["growth"] = [
+            {"axis": s.axis, "value": s.value, **c.summary()} for s, c in results
+        ]
+        self.md += [
+            "## Cost growth (one request at a time, fresh images)\n",
+            growth.table(results, self.hf.name, self.tessera.name),
+            "",
+        ]
+
+    def fleet_suite(self) -> None:
+        s = self.scale
+        self.fleet_results = fleet.run_workloads(
+            self.runner,
+            self.fleet,
+            self.no_cache,
+            s.fleet_requests,
+            s.fleet_pool,
+            s.fleet_verify_every,
+        )
+        from tessera.hashing import model_fingerprint
+
+        batching = fleet.batching(
+            {n: self.cluster.address(n) for n in ("batch-on", "batch-off")},
+            model_fingerprint(Path(self.model)),
+            s.batching_items,
+        )
+        self.results["fleet"] = fleet.summary(self.fleet_results, batching)
+        self.md += [
+            "## Encoder fleet (issue 4)\n",
+            fleet.fleet_table(self.fleet_results, "fleet", "no-cache"),
+            "",
+            fleet.batching_table(batching),
+            "",
+        ]
+
+    def targets(self) -> None:
+        cells = [*getattr(self, "cells", []), *getattr(self, "chunk_cells", [])]
+        if not cells:
+            return
+        fleet_passes = None
+        for result in getattr(self, "fleet_results", []):
+            c = result.counters
+            passes = c["num_items_computed"] / max(1, result.cell.num_unique_items)
+            fleet_passes = passes if fleet_passes is None else max(fleet_passes, passes)
+        itl = next((r for r in getattr(self, "latency", []) if r.chunk_tokens == 128), None)
+        wire_result = getattr(self, "wire", None)
+        runner = self.runner
+        table, records = report.targets(
+            cells,
+            fleet_passes,
+            itl.p99_over_p50 if itl else None,
+            128,
+            wire_result.ratios()["decoder client"] if wire_result else None,
+            wire_result.ratios()["grpc stream"] if wire_result else None,
+            (runner.num_checked, runner.num_cross_checked),
+            sum(a.num_near_ties for c in cells for a in c.arms.values()),
+        )
+        self.results["targets"] = records
+        self.md[:0] = ["## Targets (DESIGN.md)\n", table, ""]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint (default: a fresh bench demo model)")
-    parser.add_argument("--quick", action="store_true", help="fewer requests (a few minutes)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--quick", action="store_true", help="fewer requests (< 5 minutes)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--redis-url", help="the tessera arm's encoder also uses this Redis")
+    parser.add_argument("--suites", nargs="+", choices=SUITES, default=SUITES)
     args = parser.parse_args()
-
-    model = bench_model(args.model)
-    num_requests = 16 if args.quick else 48
-    environment = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-        "model": model,
-    }
-    print(f"environment: {environment}")
-
-    print("\n## Throughput (80% image reuse, 1 image, ~40 words, 16 output tokens)")
-    cluster = start_services(model)
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(args, QUICK if args.quick else FULL)
+    started = time.perf_counter()
     try:
-        reference = Reference(Path(model))
-        warm = Workload(2, 2, 1, 8, 2, seed=99)
-        throughput.measure(cluster, reference, warm, 1)
-        results = []
-        for concurrency in args.concurrency:
-            workload = Workload(
-                num_requests, max(1, num_requests // 5), 1, 40, 16, seed=concurrency
-            )
-            results.append(throughput.measure(cluster, reference, workload, concurrency))
+        bench.start()
+        for suite in SUITES:
+            if suite in args.suites:
+                print(f"\n== {suite}", flush=True)
+                getattr(bench, f"{suite}_suite")()
     finally:
-        cluster.stop()
-    print(throughput.table(results))
-
-    print("\n## Inter-token latency while long multimodal prompts arrive")
-    cluster = start_services(
-        model, decoder_flags=["--max-chunk-tokens", "4096", "--max-num-batched-tokens", "4096"]
-    )
-    try:
-        long_prompts = Workload(2 if args.quick else 4, 16, 4, 200, 4, seed=77)
-        latencies = [
-            latency.measure(cluster.address("gateway"), "chunked", 128, long_prompts=long_prompts),
-            latency.measure(cluster.address("gateway"), "unchunked", 0, long_prompts=long_prompts),
-        ]
-    finally:
-        cluster.stop()
-    print(latency.table(latencies))
-
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "environment": environment,
-                    "throughput": [dataclasses.asdict(r) | {"ratio": r.ratio} for r in results],
-                    "latency": [dataclasses.asdict(r) for r in latencies],
-                },
-                indent=2,
-            )
-        )
+        bench.stop()
+    bench.targets()
+    bench.env["duration_s"] = round(time.perf_counter() - started)
+    print("\n" + report.write(args.out, bench.env, bench.results, bench.md))
     return 0
 
 

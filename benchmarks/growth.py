@@ -1,0 +1,107 @@
+"""How time and memory grow with images per request, image size and prompt length:
+generate() and Tessera, one request at a time, interleaved request by request, every
+request with fresh images (so each one is encoded)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.common import markdown_table
+from benchmarks.figures import CellResult, median
+from benchmarks.inprocess import HfGenerate
+from benchmarks.services import ServiceArm
+from benchmarks.suite import CellRunner
+from benchmarks.workloads import Spec
+
+
+@dataclass(frozen=True)
+class Setting:
+    axis: str
+    value: str
+    spec: Spec
+
+
+def settings(repeats: int, values: dict[str, tuple[int, ...]], seed: int = 9000) -> list[Setting]:
+    def spec(name: str, images: int, words: int, side: int) -> Spec:
+        nonlocal seed
+        seed += 1
+        return Spec(
+            name,
+            repeats,
+            images,
+            reuse=0.0,
+            text_words=(words, words),
+            output_tokens=(16, 16),
+            chunk_tokens=256,
+            seed=seed,
+            image_side=(side, side),
+        )
+
+    return [
+        *(
+            Setting("images / request", str(n), spec(f"images-{n}", n, 32, 224))
+            for n in values["images"]
+        ),
+        *(
+            Setting("image side (px)", str(side), spec(f"side-{side}", 1, 32, side))
+            for side in values["side"]
+        ),
+        *(
+            Setting("text words", str(words), spec(f"words-{words}", 1, words, 224))
+            for words in values["words"]
+        ),
+    ]
+
+
+def measure(
+    runner: CellRunner,
+    hf: HfGenerate,
+    tessera: ServiceArm,
+    repeats: int,
+    values: dict[str, tuple[int, ...]],
+) -> list[tuple[Setting, CellResult]]:
+    results = []
+    for setting in settings(repeats, values):
+        cell = runner.closed_loop(
+            f"growth {setting.spec.name}", setting.spec, [hf, tessera], 1, group_size=1
+        )
+        results.append((setting, cell))
+    return results
+
+
+def table(results: list[tuple[Setting, CellResult]], hf_name: str, tessera_name: str) -> str:
+    rows = []
+    for setting, cell in results:
+        hf, tessera = cell.arms[hf_name], cell.arms[tessera_name]
+        memory = tessera.peak_rss_mb
+        rows.append(
+            [
+                setting.axis,
+                setting.value,
+                round(cell.mean_prompt_tokens),
+                median(hf.latency_s) * 1000,
+                median(tessera.latency_s) * 1000,
+                median(hf.ttft_s) * 1000,
+                median(tessera.ttft_s) * 1000,
+                hf.peak_rss_mb.get("process"),
+                memory.get("gateway"),
+                memory.get("encoder"),
+                memory.get("decoder"),
+            ]
+        )
+    return markdown_table(
+        [
+            "axis",
+            "value",
+            "prompt tokens",
+            "generate() ms",
+            "tessera ms",
+            "generate() TTFT ms",
+            "tessera TTFT ms",
+            "generate() peak RSS MB",
+            "gateway MB",
+            "encoder MB",
+            "decoder MB",
+        ],
+        rows,
+    )

@@ -1,0 +1,196 @@
+"""The service arms: real encoder, decoder and gateway processes on loopback, driven by
+closed-loop client threads or an open-loop Poisson schedule, with their counters read
+through GetStats and their peak memory through /proc."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from benchmarks.outcome import Outcome
+from benchmarks.workloads import BenchRequest
+from tessera.client import Client, Message
+from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
+from tests.cluster import Cluster
+
+
+def reset_peak_rss(pid: int | str) -> None:
+    """Restarts the kernel's peak-RSS mark (VmHWM) of a process."""
+    # Where not permitted, the peak since the process started is reported instead.
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def peak_rss_mb(pid: int | str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def encoder_stats(address: str) -> encoder_pb2.EncoderStats:
+    with grpc.insecure_channel(address) as channel:
+        stub = encoder_pb2_grpc.EncoderServiceStub(channel)
+        return stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
+
+
+def decoder_stats(address: str) -> decoder_pb2.DecoderStats:
+    with grpc.insecure_channel(address) as channel:
+        stub = decoder_pb2_grpc.DecoderServiceStub(channel)
+        return stub.GetStats(decoder_pb2.GetDecoderStatsRequest(), timeout=10)
+
+
+def timed_request(client: Client, request: BenchRequest) -> Outcome:
+    """One streamed request; times are taken as tokens arrive at the client."""
+    sampling = common_pb2.SamplingParams(max_tokens=request.max_tokens)
+    messages = [Message(role, parts) for role, parts in request.messages]
+    started = time.perf_counter()
+    times: list[float] = []
+    for response in client.stream(
+        messages, sampling, max_chunk_tokens=request.chunk_tokens, cache_salt=request.cache_salt
+    ):
+        if response.HasField("delta"):
+            now = time.perf_counter()
+            times += [now] * len(response.delta.token_ids)
+            continue
+        done = response.finished
+        return Outcome.from_times(
+            token_ids=list(done.token_ids),
+            prompt_token_ids=list(done.prompt_token_ids),
+            started=started,
+            token_times=times,
+            embedding_bytes=done.stats.num_embedding_bytes,
+            cached_prompt_tokens=done.stats.decoder.num_cached_prompt_tokens,
+            fetch_wait_ms=done.stats.decoder.fetch_wait_ms,
+            items_computed=done.stats.num_items_computed,
+        )
+    raise RuntimeError("the gateway closed the stream without a final message")
+
+
+@dataclass
+class ServiceCounters:
+    """What the arm's services did between two snapshots."""
+
+    encoder_passes: int = 0
+    forward_seconds: float = 0.0
+    fetch_wait_seconds: float = 0.0
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ServiceArm:
+    """One deployment: `encoders`, `decoder` and `gateway` name processes of `cluster`."""
+
+    name: str
+    cluster: Cluster
+    encoders: list[str]
+    decoder: str
+    gateway: str
+    _client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.cluster.address(self.gateway))
+        return self._client
+
+    def processes(self) -> dict[str, int]:
+        names = {"gateway": self.gateway, "decoder": self.decoder}
+        names |= {f"encoder{i or ''}": e for i, e in enumerate(self.encoders)}
+        return {role: self.cluster.child(n).process.pid for role, n in names.items()}
+
+    def snapshot(self) -> ServiceCounters:
+        decoder = decoder_stats(self.cluster.address(self.decoder))
+        return ServiceCounters(
+            encoder_passes=sum(
+                encoder_stats(self.cluster.address(e)).num_items_computed for e in self.encoders
+            ),
+            forward_seconds=decoder.forward_seconds,
+            fetch_wait_seconds=decoder.fetch_wait_seconds,
+            peak_rss_mb={role: peak_rss_mb(pid) for role, pid in self.processes().items()},
+        )
+
+    def reset_peaks(self) -> None:
+        for pid in self.processes().values():
+            reset_peak_rss(pid)
+
+    def since(self, before: ServiceCounters) -> ServiceCounters:
+        after = self.snapshot()
+        return ServiceCounters(
+            encoder_passes=after.encoder_passes - before.encoder_passes,
+            forward_seconds=after.forward_seconds - before.forward_seconds,
+            fetch_wait_seconds=after.fetch_wait_seconds - before.fetch_wait_seconds,
+            peak_rss_mb=after.peak_rss_mb,
+        )
+
+    def run(
+        self, requests: Sequence[BenchRequest], concurrency: int
+    ) -> tuple[list[Outcome], float]:
+        """Closed loop: `concurrency` clients, each sends its next request when its last
+        one finished. Returns the outcomes in request order and the wall time."""
+        client = self.client
+        started = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            outcomes = list(pool.map(lambda r: timed_request(client, r), requests))
+        return outcomes, time.perf_counter() - started
+
+    def run_open_loop(
+        self, requests: Sequence[BenchRequest], arrivals: Sequence[float]
+    ) -> tuple[list[Outcome], float]:
+        """Open loop: request i is sent at `arrivals[i]` seconds whatever is running."""
+        client = self.client
+        outcomes: list[Outcome | None] = [None] * len(requests)
+        errors: list[BaseException] = []
+        started = time.perf_counter()
+
+        def send(index: int) -> None:
+            delay = started + arrivals[index] - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                outcomes[index] = timed_request(client, requests[index])
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return [o for o in outcomes if o is not None], time.perf_counter() - started
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def add_deployment(
+    cluster: Cluster,
+    name: str,
+    model: str,
+    num_encoders: int = 1,
+    encoder_flags: Sequence[str] = (),
+    decoder_flags: Sequence[str] = (),
+    common_flags: Sequence[str] = (),
+) -> ServiceArm:
+    """Starts (without waiting for) one deployment's processes in `cluster`."""
+    base = ["--model", model, *common_flags]
+    encoders = [f"{name}-encoder{i}" for i in range(num_encoders)]
+    addresses = [cluster.start(e, "encoder", [*base, *encoder_flags]) for e in encoders]
+    decoder = cluster.start(f"{name}-decoder", "decoder", [*base, *decoder_flags])
+    cluster.start(
+        f"{name}-gateway",
+        "gateway",
+        [*base, "--encoders", ",".join(addresses), "--decoders", decoder],
+    )
+    return ServiceArm(name, cluster, encoders, f"{name}-decoder", f"{name}-gateway")
