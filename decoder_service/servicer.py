@@ -9,6 +9,7 @@ from decoder_service.embedding_client import FetchError
 from decoder_service.engine import Engine
 from decoder_service.request import Finished, FinishReason, RequestStats, SampledToken
 from decoder_service.spec import check_fits, spec_from_proto
+from tessera.metrics import StatField, readings_from
 from tessera.server import abort_unless_ready
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
 
@@ -124,28 +125,46 @@ def finished_to_proto(event: Finished) -> decoder_pb2.DecodeFinished:
     )
 
 
+DECODER_METRICS: tuple[StatField, ...] = (
+    ("tessera_decoder_running_requests", "Requests running", "gauge", "num_running"),
+    ("tessera_decoder_waiting_requests", "Requests queued for admission", "gauge", "num_waiting"),
+    ("tessera_decoder_kv_blocks_free", "KV blocks not referenced", "gauge", "num_free_kv_blocks"),
+    ("tessera_decoder_preemptions_total", "Requests preempted", "counter", "num_preemptions"),
+    ("tessera_decoder_steps_total", "Engine steps", "counter", "num_steps"),
+    (
+        "tessera_decoder_batched_tokens_total",
+        "Tokens run through forwards",
+        "counter",
+        "num_batched_tokens",
+    ),
+    ("tessera_decoder_forward_seconds_total", "Seconds in forwards", "counter", "forward_seconds"),
+    (
+        "tessera_decoder_fetch_wait_seconds_total",
+        "Seconds the forward waited on embeddings",
+        "counter",
+        "fetch_wait_seconds",
+    ),
+    ("tessera_decoder_finished_total", "Requests finished", "counter", "num_finished"),
+    (
+        "tessera_decoder_cancellations_total",
+        "Requests aborted (cancelled, deadline, gone)",
+        "counter",
+        "num_aborted",
+    ),
+)
+
+
 def metric_readings(engine: Engine):
-    """What /metrics shows for a decoder (see tessera.metrics)."""
+    """What /metrics shows (see tessera.metrics): the GetStats fields above, plus a few
+    derived or live values."""
     stats = engine_stats_to_proto(engine)
+    yield from readings_from(stats, DECODER_METRICS)
     used = stats.num_kv_blocks - stats.num_free_kv_blocks
-    yield ("tessera_decoder_running_requests", "Requests running", "gauge", stats.num_running)
-    yield (
-        "tessera_decoder_waiting_requests",
-        "Requests queued for admission",
-        "gauge",
-        stats.num_waiting,
-    )
     yield (
         "tessera_decoder_kv_cache_usage",
         "Fraction of KV blocks referenced by requests",
         "gauge",
         used / stats.num_kv_blocks,
-    )
-    yield (
-        "tessera_decoder_kv_blocks_free",
-        "KV blocks not referenced",
-        "gauge",
-        stats.num_free_kv_blocks,
     )
     yield (
         "tessera_decoder_prefix_cache_hit_tokens_total",
@@ -154,40 +173,8 @@ def metric_readings(engine: Engine):
         stats.num_prefix_hit_blocks * stats.kv_block_size,
     )
     yield (
-        "tessera_decoder_preemptions_total",
-        "Requests preempted",
-        "counter",
-        stats.num_preemptions,
-    )
-    yield ("tessera_decoder_steps_total", "Engine steps", "counter", stats.num_steps)
-    yield (
-        "tessera_decoder_batched_tokens_total",
-        "Tokens run through forwards",
-        "counter",
-        stats.num_batched_tokens,
-    )
-    yield (
-        "tessera_decoder_forward_seconds_total",
-        "Seconds in forwards",
-        "counter",
-        stats.forward_seconds,
-    )
-    yield (
-        "tessera_decoder_fetch_wait_seconds_total",
-        "Seconds the forward waited on embeddings",
-        "counter",
-        stats.fetch_wait_seconds,
-    )
-    yield (
         "tessera_decoder_embedding_bytes_received_total",
         "Embedding bytes received",
         "counter",
         engine.embeddings.num_bytes_received,
-    )
-    yield ("tessera_decoder_finished_total", "Requests finished", "counter", stats.num_finished)
-    yield (
-        "tessera_decoder_cancellations_total",
-        "Requests aborted (cancelled, deadline, gone)",
-        "counter",
-        stats.num_aborted,
     )

@@ -16,6 +16,7 @@ from encoder_service.encoder import (
     UnknownItemError,
 )
 from encoder_service.memory_store import Lease
+from tessera.metrics import StatField, readings_from
 from tessera.server import abort_unless_ready
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 from tessera.wire import block_to_proto, modality_from_proto
@@ -122,90 +123,76 @@ def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
     )
 
 
-def metric_readings(core: EncoderCore):
-    """What /metrics shows for an encoder (see tessera.metrics)."""
-    stats = stats_to_proto(core)
-    busy = core.batcher.stats
-    yield (
+ENCODER_METRICS: tuple[StatField, ...] = (
+    (
         "tessera_encoder_items_requested_total",
         "Items named in Encode requests",
         "counter",
-        stats.num_items_requested,
-    )
-    yield (
+        "num_items_requested",
+    ),
+    (
         "tessera_encoder_items_computed_total",
         "Items whose rows were computed",
         "counter",
-        stats.num_items_computed,
-    )
-    yield (
+        "num_items_computed",
+    ),
+    (
         "tessera_encoder_memory_hits_total",
         "Items served from memory (L1)",
         "counter",
-        stats.num_memory_hits,
-    )
-    yield (
+        "num_memory_hits",
+    ),
+    (
         "tessera_encoder_redis_hits_total",
         "Items served from Redis (L2)",
         "counter",
-        stats.num_redis_hits,
-    )
-    yield (
+        "num_redis_hits",
+    ),
+    (
         "tessera_encoder_joined_in_flight_total",
         "Requests that joined a computation in flight",
         "counter",
-        stats.num_joined_in_flight,
-    )
-    yield (
+        "num_joined_in_flight",
+    ),
+    (
         "tessera_encoder_slice_misses_total",
         "Slice requests for unknown items",
         "counter",
-        stats.num_slice_misses,
-    )
-    yield (
-        "tessera_encoder_bytes_sent_total",
-        "Embedding bytes streamed",
-        "counter",
-        stats.num_bytes_served,
-    )
-    yield (
+        "num_slice_misses",
+    ),
+    ("tessera_encoder_bytes_sent_total", "Embedding bytes streamed", "counter", "num_bytes_served"),
+    (
         "tessera_encoder_corrupt_entries_total",
         "Corrupt Redis entries dropped",
         "counter",
-        stats.num_corrupt_entries,
-    )
-    yield (
-        "tessera_encoder_redis_errors_total",
-        "Failed Redis calls",
-        "counter",
-        stats.num_redis_errors,
-    )
-    yield ("tessera_encoder_batches_total", "Encoder forwards", "counter", stats.num_batches)
-    yield (
+        "num_corrupt_entries",
+    ),
+    ("tessera_encoder_redis_errors_total", "Failed Redis calls", "counter", "num_redis_errors"),
+    ("tessera_encoder_batches_total", "Encoder forwards", "counter", "num_batches"),
+    (
         "tessera_encoder_batched_items_total",
         "Items in those forwards",
         "counter",
-        stats.num_batched_items,
-    )
-    yield ("tessera_encoder_max_batch_size", "Largest batch so far", "gauge", stats.max_batch_size)
-    yield (
-        "tessera_encoder_cached_items",
-        "Items in the memory cache",
-        "gauge",
-        stats.num_cached_items,
-    )
-    yield (
-        "tessera_encoder_cached_bytes",
-        "Bytes in the memory cache",
-        "gauge",
-        stats.num_cached_bytes,
-    )
-    yield (
+        "num_batched_items",
+    ),
+    ("tessera_encoder_max_batch_size", "Largest batch so far", "gauge", "max_batch_size"),
+    ("tessera_encoder_cached_items", "Items in the memory cache", "gauge", "num_cached_items"),
+    ("tessera_encoder_cached_bytes", "Bytes in the memory cache", "gauge", "num_cached_bytes"),
+    (
         "tessera_encoder_degraded",
         "1 while Redis is configured but unreachable",
         "gauge",
-        float(stats.degraded),
-    )
+        "degraded",
+    ),
+)
+
+
+def metric_readings(core: EncoderCore):
+    """What /metrics shows (see tessera.metrics): the GetStats fields above, plus a few
+    derived or live values."""
+    stats = stats_to_proto(core)
+    yield from readings_from(stats, ENCODER_METRICS)
+    busy = core.batcher.stats
     yield (
         "tessera_encoder_queue_depth",
         "Items waiting for an encoder forward",

@@ -27,6 +27,16 @@ class StatsCollector(Collector):
             yield family(name, documentation, value=value)
 
 
+# (metric name, help, kind, field of a stats message)
+StatField = tuple[str, str, str, str]
+
+
+def readings_from(stats, fields: Iterable[StatField]) -> Iterable[Reading]:
+    """Readings of a stats message (e.g. EncoderStats) for each (name, help, kind, field)."""
+    for name, documentation, kind, field in fields:
+        yield name, documentation, kind, float(getattr(stats, field))
+
+
 def new_registry(read: Callable[[], Iterable[Reading]] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry()
     if read is not None:
