@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and pinned, so nothing resolves a CUDA build.
-	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.14.1 torchvision==0.29.1
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 

@@ -17,7 +17,7 @@ def bench_model(model: str | None) -> str:
     """The given checkpoint, or a fresh `bench` demo model."""
     if model:
         return model
-    from tessera.demo_model import make_demo_model
+    from tessera.demo_models import make_demo_model
 
     print("making the bench demo model")
     directory = Path(tempfile.mkdtemp(prefix="tessera-bench-")) / "bench"

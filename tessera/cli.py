@@ -19,7 +19,7 @@ def default_demo_dir() -> Path:
 def ensure_demo_model(directory: Path) -> Path:
     if (directory / "config.json").exists():
         return directory
-    from tessera.demo_model import make_demo_model
+    from tessera.demo_models import make_demo_model
 
     print(f"making the demo model in {directory} (first run only)", flush=True)
     return make_demo_model(
@@ -107,7 +107,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_make_demo_model(args: argparse.Namespace) -> None:
-    from tessera.demo_model import make_demo_model
+    from tessera.demo_models import make_demo_model
 
     make_demo_model(Path(args.dir), seed=args.seed, size=args.size, progress=print)
 

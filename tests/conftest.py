@@ -16,7 +16,7 @@ from tests.cluster import Cluster
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory) -> Path:
-    from tessera.demo_model import make_demo_model
+    from tessera.demo_models import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("demo") / "tiny", seed=0, size="tiny")
 
@@ -24,7 +24,7 @@ def demo_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def other_model_dir(tmp_path_factory) -> Path:
     """Same architecture and config, other weights."""
-    from tessera.demo_model import make_demo_model
+    from tessera.demo_models import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("demo") / "tiny-seed1", seed=1, size="tiny")
 

@@ -101,8 +101,12 @@ def test_torch_comes_from_the_chosen_index_at_the_pinned_version():
         arg for kw, arg in instructions(text) if kw == "RUN" and "--index-url" in arg
     ]
     assert "-c constraints.txt" in torch_install and re.search(r"\btorch\b", torch_install)
-    pins = re.findall(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.MULTILINE)
-    assert pins == ["2.13.0"], "constraints.txt pins the torch the image installs"
+    assert re.search(r"\btorchvision\b", torch_install), "torchvision from the same index"
+    constraints = (ROOT / "constraints.txt").read_text()
+    pins = re.findall(r"^torch==(\S+)$", constraints, re.MULTILINE)
+    assert pins == ["2.14.1"], "constraints.txt pins the torch the image installs"
+    vision_pins = re.findall(r"^torchvision==(\S+)$", constraints, re.MULTILINE)
+    assert vision_pins == ["0.29.1"], "and the torchvision built for it"
     project_install = [
         arg for kw, arg in instructions(text) if kw == "RUN" and "pip install" in arg
     ][-1]

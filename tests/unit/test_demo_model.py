@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-from tessera.demo_model import DEMO_SIZES, IMAGE_TOKEN, build_demo_model, make_demo_model
+from tessera.demo_models.llava import DEMO_SIZES, IMAGE_TOKEN, build_demo_model, make_demo_model
 
 N_NEW = 12
 

@@ -1,0 +1,38 @@
+"""Offline random-weight checkpoints of every supported family, for tests, demos and
+benchmarks: `make_demo_model(out_dir, family=..., seed=..., size=...)`.
+
+Each family's module builds the checkpoint with the family's real model, processor and
+tokenizer classes, a chat template in the shape of the real checkpoint's, and seeded
+weights; see `tessera.demo_models.common`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from tessera.demo_models.common import Progress
+
+# family name -> module with `make_demo_model(out_dir, seed, size, progress)`
+DEMO_FAMILIES: dict[str, str] = {
+    "llava": "tessera.demo_models.llava",
+}
+DEMO_MODEL_SIZES = ("tiny", "bench")
+DEFAULT_FAMILY = "llava"
+
+
+def make_demo_model(
+    out_dir: Path,
+    family: str = DEFAULT_FAMILY,
+    seed: int = 0,
+    size: str = "tiny",
+    progress: Progress | None = None,
+) -> Path:
+    """Writes a seeded random-weight checkpoint of `family` to `out_dir`; returns it."""
+    if family not in DEMO_FAMILIES:
+        raise ValueError(f"unknown demo family {family!r}; choose from {', '.join(DEMO_FAMILIES)}")
+    module = importlib.import_module(DEMO_FAMILIES[family])
+    return module.make_demo_model(Path(out_dir), seed=seed, size=size, progress=progress)
+
+
+__all__ = ["DEFAULT_FAMILY", "DEMO_FAMILIES", "DEMO_MODEL_SIZES", "make_demo_model"]

@@ -1,0 +1,210 @@
+"""Demo LLaVA-1.5 checkpoints (`LlavaForConditionalGeneration`): CLIP vision tower,
+projector, Llama language model, a fixed number of rows per image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+    PreTrainedTokenizerFast,
+)
+
+from tessera.demo_models.common import (
+    Progress,
+    build_tokenizer,
+    check_size,
+    greedy_generation_config,
+    reinit_weights,
+    save_checkpoint,
+    silent_ids,
+)
+
+IMAGE_TOKEN = "<image>"
+BOS_TOKEN = "<s>"
+EOS_TOKEN = "</s>"
+PAD_TOKEN = "<pad>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+# Trainer special tokens take the first ids, so these ids are stable: pad=0, bos=1, ...
+SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, IMAGE_TOKEN, *ROLE_TOKENS]
+
+# Each message: role marker, newline, content, eos.  An image part renders as the
+# image token, which the processor then expands to one token per image row.
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
+    "{{- raise_exception('unsupported role: ' + message['role']) -}}"
+    "{%- endif -%}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}"
+    "{%- if message['content'] is string -%}"
+    "{{- message['content'] -}}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '" + IMAGE_TOKEN + "' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- eos_token + '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+)
+
+@dataclass(frozen=True)
+class DemoModelSize:
+    """Shape of a demo checkpoint: text (Llama) and vision (CLIP) towers."""
+
+    text_hidden: int
+    text_layers: int
+    text_heads: int
+    text_kv_heads: int
+    text_intermediate: int
+    max_positions: int
+    vision_hidden: int
+    vision_layers: int
+    vision_heads: int
+    vision_intermediate: int
+    image_side: int
+    patch_size: int
+
+    @property
+    def image_rows(self) -> int:
+        """Tokens one ``<image>`` expands to (CLS dropped: strategy "default")."""
+        return (self.image_side // self.patch_size) ** 2
+
+
+DEMO_SIZES: dict[str, DemoModelSize] = {
+    # Milliseconds per step on CPU: for unit tests.
+    "tiny": DemoModelSize(
+        text_hidden=64,
+        text_layers=2,
+        text_heads=4,
+        text_kv_heads=2,
+        text_intermediate=128,
+        max_positions=2048,
+        # Vision width differs from text width so a missing projector shows up as a shape error.
+        vision_hidden=32,
+        vision_layers=2,
+        vision_heads=2,
+        vision_intermediate=64,
+        image_side=56,
+        patch_size=14,
+    ),
+    # Big enough that encoding, prefill and RPC costs are measurable: for benchmarks.
+    "bench": DemoModelSize(
+        text_hidden=512,
+        text_layers=4,
+        text_heads=8,
+        text_kv_heads=4,
+        text_intermediate=1536,
+        max_positions=4096,
+        vision_hidden=512,
+        vision_layers=4,
+        vision_heads=8,
+        vision_intermediate=2048,
+        image_side=224,
+        patch_size=14,
+    ),
+}
+
+
+def build_tokenizer_for_llava() -> PreTrainedTokenizerFast:
+    """The demo tokenizer (identical output on every call)."""
+    return build_tokenizer(
+        SPECIAL_TOKENS,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+        # Named extra special token: exposes `tokenizer.image_token`, which LlavaProcessor reads.
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+    )
+
+
+def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> LlavaConfig:
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=spec.text_hidden,
+        intermediate_size=spec.text_intermediate,
+        num_hidden_layers=spec.text_layers,
+        num_attention_heads=spec.text_heads,
+        num_key_value_heads=spec.text_kv_heads,
+        max_position_embeddings=spec.max_positions,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    vision = CLIPVisionConfig(
+        hidden_size=spec.vision_hidden,
+        intermediate_size=spec.vision_intermediate,
+        num_hidden_layers=spec.vision_layers,
+        num_attention_heads=spec.vision_heads,
+        image_size=spec.image_side,
+        patch_size=spec.patch_size,
+        projection_dim=spec.vision_hidden,
+    )
+    return LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_seq_length=spec.image_rows,
+        vision_feature_select_strategy="default",
+        dtype="float32",
+    )
+
+
+def build_demo_model(
+    seed: int = 0, size: str = "tiny", progress: Progress | None = None
+) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    """Build the seeded demo model and its processor in memory (nothing is saved).
+
+    Same ``seed`` and ``size`` give bit-identical weights; the tokenizer,
+    processor and chat template do not depend on the seed.
+    """
+    spec = check_size(size, DEMO_SIZES)
+    say = progress or (lambda _msg: None)
+
+    say("training tokenizer")
+    tok = build_tokenizer_for_llava()
+    tok.model_max_length = spec.max_positions
+
+    say(f"building {size} llava model (seed {seed})")
+    config = _build_config(spec, tok)
+    torch.manual_seed(seed)  # the vision tower keeps the library's default init, seeded here
+    model = LlavaForConditionalGeneration(config).eval()
+    reinit_weights(
+        model.model.language_model.embed_tokens,
+        [*model.model.language_model.layers, model.model.multi_modal_projector],
+        model.lm_head,
+        seed,
+        silent_ids(tok),
+    )
+    model.generation_config = greedy_generation_config(tok)
+
+    side = {"height": spec.image_side, "width": spec.image_side}
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": spec.image_side}, crop_size=side),
+        tokenizer=tok,
+        patch_size=spec.patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # the CLS row, dropped by the "default" strategy
+        chat_template=CHAT_TEMPLATE,
+    )
+    return model, processor
+
+
+def make_demo_model(
+    out_dir: Path, seed: int = 0, size: str = "tiny", progress: Progress | None = None
+) -> Path:
+    """Write a seeded random-weight LLaVA checkpoint to ``out_dir`` and return it."""
+    model, processor = build_demo_model(seed=seed, size=size, progress=progress)
+    return save_checkpoint(model, processor, out_dir, progress or (lambda _msg: None))
