@@ -40,7 +40,7 @@ class FetchError(RuntimeError):
 @dataclass(frozen=True)
 class FetchedRows:
     slice: ChunkSlice
-    rows: torch.Tensor  # [slice.num_rows, hidden] on CPU
+    rows: torch.Tensor  # [slice.num_rows, row_width] on CPU
     num_bytes: int
     reencoded: bool
 
@@ -49,7 +49,7 @@ class EmbeddingClient:
     def __init__(
         self,
         channels: ChannelPool,
-        hidden_size: int,
+        row_width: int,
         lease_ms: int,
         timeout_seconds: float,
         fetch_whole: bool = False,
@@ -58,7 +58,8 @@ class EmbeddingClient:
         # A benchmark baseline: fetch each overlapping item's whole embedding for every
         # chunk, and still place only the chunk's rows.
         self.fetch_whole = fetch_whole
-        self.hidden_size = hidden_size
+        # Values per row: the model's hidden size times the item's planes.
+        self.row_width = row_width
         self.lease_ms = lease_ms
         self.timeout_seconds = timeout_seconds
         self.num_bytes_received = 0
@@ -131,7 +132,7 @@ class EmbeddingClient:
             return False
         log.info("item %s not on %s; sending it to be encoded", item.range.content_hash, address)
         request = encoder_pb2.EncodeRequest(
-            items=[media_item_to_proto(item.range, item.data)],
+            items=[media_item_to_proto(item.range, item.data, item.options)],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )
@@ -169,11 +170,11 @@ class EmbeddingClient:
             block = self._check_message(message, chunk_slice, next_row)
             if rows is None:
                 rows = torch.empty(
-                    chunk_slice.num_rows, self.hidden_size, dtype=parse_dtype(block.dtype)
+                    chunk_slice.num_rows, self.row_width, dtype=parse_dtype(block.dtype)
                 )
             part = torch.frombuffer(bytearray(block.data), dtype=rows.dtype)
             offset = next_row - chunk_slice.row_start
-            rows[offset : offset + block.num_rows] = part.view(block.num_rows, self.hidden_size)
+            rows[offset : offset + block.num_rows] = part.view(block.num_rows, self.row_width)
             next_row += block.num_rows
             num_bytes += len(block.data)
             self.num_bytes_received += len(block.data)
@@ -194,9 +195,9 @@ class EmbeddingClient:
                 f"encoder sent rows of {message.content_hash} from {message.start}, "
                 f"expected {chunk_slice.content_hash} from {next_row}"
             )
-        if block.hidden_size != self.hidden_size or next_row + block.num_rows > chunk_slice.row_end:
+        if block.hidden_size != self.row_width or next_row + block.num_rows > chunk_slice.row_end:
             raise FetchError(
                 f"encoder sent a [{block.num_rows}, {block.hidden_size}] block at row {next_row}; "
-                f"expected hidden size {self.hidden_size} and rows below {chunk_slice.row_end}"
+                f"expected rows {self.row_width} wide and below row {chunk_slice.row_end}"
             )
         return block

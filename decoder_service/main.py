@@ -45,6 +45,7 @@ def kv_cache_bytes(config: DecoderConfig, device: torch.device) -> int:
 
 
 def build_engine(config: DecoderConfig, family: ModelFamily) -> Engine:
+    check_item_budget(config, family)
     max_model_len = min(config.max_model_len or family.max_model_len, family.max_model_len)
     shape = family.kv_shape()
     bytes_per_block = PagedKVStore.bytes_per_block(
@@ -70,15 +71,16 @@ def build_engine(config: DecoderConfig, family: ModelFamily) -> Engine:
         family.device,
     )
     kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    row_width = family.hidden_size * family.num_planes
     embeddings = EmbeddingClient(
         ChannelPool(),
-        family.hidden_size,
+        row_width,
         config.lease_ms,
         config.fetch_timeout_seconds,
         fetch_whole=config.fetch_mode == "whole",
     )
     # Rows usually arrive as float32; the bound is an estimate, not an exact count.
-    prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, family.hidden_size * 4)
+    prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, row_width * 4)
     return Engine(
         family,
         Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens),
@@ -87,6 +89,17 @@ def build_engine(config: DecoderConfig, family: ModelFamily) -> Engine:
         embeddings,
         max_model_len,
     )
+
+
+def check_item_budget(config: DecoderConfig, family: ModelFamily) -> None:
+    """A family that computes each item in one step needs steps that can hold one."""
+    rows = family.fixed_item_rows
+    if not family.attention.split_items and rows and rows > config.max_num_batched_tokens:
+        raise SystemExit(
+            f"{family.name} computes each image ({rows} rows) in one step, but "
+            f"--max-num-batched-tokens is {config.max_num_batched_tokens}: raise it to {rows} "
+            "or more"
+        )
 
 
 async def run(config: DecoderConfig) -> None:

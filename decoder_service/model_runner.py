@@ -4,7 +4,9 @@ request's tokens (prefill chunks and decode tokens together).
 For each piece of work it embeds the tokens, writes fetched media rows into the
 embeddings by position index (never by matching token ids), and computes positions and
 KV slots from the request's block table; the attention itself is
-`paged_attention.paged_attention`. Runs on the engine's model thread and never waits on
+`paged_attention.paged_attention`. Rows wider than the hidden size carry more planes
+(Qwen3-VL deepstack): the first goes into the embeddings, the others to the family's
+forward as `PackedMedia`, in packed order. Runs on the engine's model thread and never waits on
 the network.
 """
 
@@ -18,7 +20,7 @@ import torch
 from decoder_service.embedding_client import FetchedRows
 from decoder_service.paged_attention import AttentionMetadata, PagedKVStore, Segment
 from decoder_service.scheduler import ScheduledWork
-from tessera.adapters import ModelFamily
+from tessera.adapters import ModelFamily, PackedMedia
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class ModelRunner:
             request = item.work.request
             token_ids += [request.token_at(p) for p in range(item.work.start, item.work.end)]
         embeds = family.embed_tokens(torch.tensor(token_ids, dtype=torch.long, device=device))
+        media_mask = torch.zeros(len(token_ids), dtype=torch.bool, device=device)
+        extra_planes: list[torch.Tensor] = []
 
         positions, slot_mappings, segments = [], [], []
         offset = 0
@@ -48,9 +52,12 @@ class ModelRunner:
             work = item.work
             for fetched in item.rows:
                 first = offset + fetched.slice.position_start - work.start
-                embeds[first : first + fetched.slice.num_rows] = fetched.rows.to(
-                    device, embeds.dtype
-                )
+                last = first + fetched.slice.num_rows
+                rows = fetched.rows.to(device, embeds.dtype)
+                embeds[first:last] = rows[:, : family.hidden_size]
+                if family.num_planes > 1:
+                    media_mask[first:last] = True
+                    extra_planes.append(rows[:, family.hidden_size :])
             request = work.request
             positions.append(
                 family.positions(
@@ -65,13 +72,19 @@ class ModelRunner:
                     offset + work.num_tokens,
                     work.start,
                     self.store.slots(table, 0, work.end, device),
+                    self._bidirectional(work),
                 )
             )
             offset += work.num_tokens
 
         metadata = AttentionMetadata(torch.cat(slot_mappings), tuple(segments))
+        media = PackedMedia(media_mask, torch.cat(extra_planes)) if extra_planes else None
         hidden = family.forward(
-            embeds, torch.cat(positions, dim=-1), tessera_metadata=metadata, tessera_kv=self.store
+            embeds,
+            torch.cat(positions, dim=-1),
+            media,
+            tessera_metadata=metadata,
+            tessera_kv=self.store,
         )
         sampling = [i for i, item in enumerate(inputs) if item.work.samples]
         if not sampling:
@@ -82,3 +95,13 @@ class ModelRunner:
         for row, index in enumerate(sampling):
             results[index] = logits[row]
         return results
+
+    def _bidirectional(self, work: ScheduledWork) -> tuple[tuple[int, int], ...]:
+        """Items of the work's positions whose tokens attend both ways, if the family's do."""
+        if not self.family.attention.bidirectional_items:
+            return ()
+        return tuple(
+            (item.offset, item.end)
+            for item in work.request.spec.ranges
+            if item.offset < work.end and work.start < item.end
+        )

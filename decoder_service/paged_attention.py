@@ -6,6 +6,11 @@ transformers' AttentionInterface, writes each new token's K/V into its slot of t
 paged store, then attends each request's queries to its own context (gathered through
 its block table) with a causal offset: a query at position p sees keys at positions <= p.
 
+Two rules widen or narrow that, as the model's own mask does (Gemma 3):
+- inside a bidirectional item `[s, e)` a query sees every key of the item;
+- a sliding-window layer (the model passes `sliding_window=W`) hides keys at or before
+  `p - W`, applied after the item rule: AND(window, OR(causal, same item)).
+
 Everything here is device-agnostic torch; the same code runs on CUDA.
 """
 
@@ -27,6 +32,8 @@ class Segment:
     query_end: int
     num_past: int  # tokens already in its KV cache before this step
     context_slots: torch.Tensor  # [num_past + num_new] slots of its whole context, in order
+    # Position ranges [start, end) of items whose tokens see each other both ways.
+    bidirectional: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ def paged_attention(
     dropout: float = 0.0,
     tessera_metadata: AttentionMetadata | None = None,
     tessera_kv: PagedKVStore | None = None,
+    sliding_window: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """query `[1, heads, T, d]`, key/value `[1, kv_heads, T, d]` -> `[1, T, heads, d]`."""
@@ -98,22 +106,38 @@ def paged_attention(
         k = k_cache.index_select(0, segment.context_slots).transpose(0, 1).unsqueeze(0)
         v = v_cache.index_select(0, segment.context_slots).transpose(0, 1).unsqueeze(0)
         num_new = segment.query_end - segment.query_start
-        mask = None
-        if segment.num_past and num_new > 1:
-            # Query i sits at position num_past + i and sees keys 0 ..= num_past + i.
-            rows = torch.arange(num_new, device=q.device).unsqueeze(1) + segment.num_past
-            mask = torch.arange(k.shape[2], device=q.device).unsqueeze(0) <= rows
+        mask = _mask(segment, num_new, sliding_window, q.device)
         attended = torch.nn.functional.scaled_dot_product_attention(
             q,
             k,
             v,
             attn_mask=mask,
-            is_causal=segment.num_past == 0 and num_new > 1,
+            is_causal=mask is None and segment.num_past == 0 and num_new > 1,
             scale=scaling,
             enable_gqa=k.shape[1] != q.shape[1],
         )
         output[segment.query_start : segment.query_end] = attended[0].transpose(0, 1)
     return output.unsqueeze(0), None
+
+
+def _mask(
+    segment: Segment, num_new: int, sliding_window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """`[num_new, num_past + num_new]` True where a query sees a key; None when plain
+    causal attention (SDPA's `is_causal`, or no mask for one query) says it all."""
+    last_position = segment.num_past + num_new - 1
+    windowed = sliding_window is not None and last_position >= sliding_window
+    if not windowed and not segment.bidirectional and (segment.num_past == 0 or num_new == 1):
+        return None
+    # Query i sits at position num_past + i and sees keys 0 ..= num_past + i.
+    queries = torch.arange(num_new, device=device).unsqueeze(1) + segment.num_past
+    keys = torch.arange(segment.num_past + num_new, device=device).unsqueeze(0)
+    mask = keys <= queries
+    for start, end in segment.bidirectional:
+        mask |= (queries >= start) & (queries < end) & (keys >= start) & (keys < end)
+    if windowed:
+        mask &= keys > queries - sliding_window
+    return mask
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention)

@@ -9,16 +9,19 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
-from tessera.placeholders import PlaceholderRange
+from tessera.media import ProcessingOptions
+from tessera.placeholders import PlaceholderRange, atomic_chunk_end
 
 
 @dataclass(frozen=True)
 class MediaSource:
-    """An item's range and where its rows live (with its bytes, to have it re-encoded)."""
+    """An item's range and where its rows live (with its bytes and processing options,
+    to have it re-encoded)."""
 
     range: PlaceholderRange
     encoder_addresses: tuple[str, ...]
     data: bytes
+    options: ProcessingOptions = field(default_factory=ProcessingOptions)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class DecodeSpec:
     sampling: SamplingOptions
     max_chunk_tokens: int
     cache_salt: str = ""
+    # False: no chunk may cut an item (the family computes an item's rows together).
+    split_items: bool = True
 
     @cached_property
     def ranges(self) -> list[PlaceholderRange]:
@@ -148,11 +153,15 @@ class RequestState:
     def next_chunk(self, start: int | None = None) -> tuple[int, int] | None:
         """The chunk of pending tokens that begins at `start` (default: the first pending
         one), or None when nothing is pending there. Chunk boundaries are fixed by
-        `max_chunk_tokens`, so rows can be fetched for chunks ahead exactly."""
+        `max_chunk_tokens` (and, where items may not be split, by item boundaries), so
+        rows can be fetched for chunks ahead exactly."""
         start = self.num_computed_tokens if start is None else start
         if start >= self.num_tokens:
             return None
-        return start, min(start + self.spec.max_chunk_tokens, self.num_tokens)
+        end = min(start + self.spec.max_chunk_tokens, self.num_tokens)
+        if not self.spec.split_items:
+            end = atomic_chunk_end(self.spec.ranges, start, end)
+        return start, end
 
     def chunk_needs_rows(self, start: int, end: int) -> bool:
         return any(r.offset < end and start < r.end for r in self.spec.ranges)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from decoder_service.block_hash import block_hashes
 from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import RequestState
+from tessera.placeholders import atomic_block_floor
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,13 @@ class Scheduler:
             # At least one token must be computed, for the logits of the next one.
             max_hit_blocks = (request.num_tokens - 1) // self.kv.block_size
             hits = self.kv.find_prefix(request.block_hashes, max_hit_blocks)
-            first_chunk_end = min(
-                len(hits) * self.kv.block_size + request.spec.max_chunk_tokens, request.num_tokens
-            )
+            if not request.spec.split_items:  # resume at an item boundary, never inside one
+                hits = hits[
+                    : atomic_block_floor(request.spec.ranges, len(hits), self.kv.block_size)
+                ]
+            first_chunk = request.next_chunk(len(hits) * self.kv.block_size)
+            assert first_chunk is not None  # at least one token is left to compute
+            first_chunk_end = first_chunk[1]
             free_after_hits = self.kv.num_free_blocks - self.kv.num_free_among(hits)
             if self.kv.blocks_for(first_chunk_end) - len(hits) > free_after_hits:
                 return  # oldest first: nobody overtakes the head of the queue

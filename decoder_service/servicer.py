@@ -35,7 +35,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServiceServicer):
                 self.config.max_chunk_tokens,
                 self.config.default_max_tokens,
             )
-            check_fits(spec, engine.scheduler.kv)
+            check_fits(spec, engine.scheduler.kv, engine.scheduler.max_num_batched_tokens)
         except ValueError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         try:

@@ -8,6 +8,7 @@ from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
 from decoder_service.sampler import MAX_TOP_LOGPROBS
 from tessera.adapters import ModelFamily
 from tessera.hashing import is_content_hash
+from tessera.media import ProcessingOptions
 from tessera.placeholders import validate_ranges
 from tessera.v1 import common_pb2, decoder_pb2
 from tessera.wire import range_from_proto
@@ -62,14 +63,7 @@ def spec_from_proto(
         raise ValueError(
             f"token id {too_large[0]} is outside the vocabulary (size {family.vocab_size})"
         )
-    items = []
-    for index, item in enumerate(message.items):
-        placeholder = range_from_proto(item.range)
-        if not is_content_hash(placeholder.content_hash):
-            raise ValueError(f"item {index}: {placeholder.content_hash!r} is not a content hash")
-        if not item.encoder_addresses:
-            raise ValueError(f"item {index}: no encoder address to fetch its rows from")
-        items.append(MediaSource(placeholder, tuple(item.encoder_addresses), item.data))
+    items = [_media_source(index, item, family) for index, item in enumerate(message.items)]
     validate_ranges([i.range for i in items], prompt, family.placeholder_token_ids)
     chunk = message.max_chunk_tokens
     return DecodeSpec(
@@ -81,11 +75,36 @@ def spec_from_proto(
         ),
         max_chunk_tokens=min(chunk, max_chunk_tokens) if chunk else max_chunk_tokens,
         cache_salt=message.cache_salt,
+        split_items=family.attention.split_items,
     )
 
 
-def check_fits(spec: DecodeSpec, kv: KVCacheManager) -> None:
-    """Refuses a request that could never fit in the whole KV cache."""
+def _media_source(index: int, item: decoder_pb2.MediaSource, family: ModelFamily) -> MediaSource:
+    try:
+        placeholder = range_from_proto(item.range)
+        options = ProcessingOptions.of(item.processing_options)
+        family.check_options(options)
+    except ValueError as error:
+        raise ValueError(f"item {index}: {error}") from None
+    if not is_content_hash(placeholder.content_hash):
+        raise ValueError(f"item {index}: {placeholder.content_hash!r} is not a content hash")
+    if not item.encoder_addresses:
+        raise ValueError(f"item {index}: no encoder address to fetch its rows from")
+    family.check_layout(placeholder)
+    return MediaSource(placeholder, tuple(item.encoder_addresses), item.data, options)
+
+
+def check_fits(spec: DecodeSpec, kv: KVCacheManager, max_num_batched_tokens: int) -> None:
+    """Refuses a request that could never fit in the whole KV cache, or whose items
+    cannot be split and do not fit in one step."""
+    if not spec.split_items:
+        for index, item in enumerate(spec.items):
+            if item.range.length > max_num_batched_tokens:
+                raise ValueError(
+                    f"item {index} has {item.range.length} rows; this model computes an item "
+                    f"in one step, and the decoder's steps hold at most "
+                    f"{max_num_batched_tokens} tokens (--max-num-batched-tokens)"
+                )
     num_tokens = len(spec.prompt_token_ids) + spec.sampling.max_tokens
     if kv.blocks_for(num_tokens) > kv.num_blocks:
         raise ValueError(

@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
 from encoder_service.batcher import Batcher
 from encoder_service.memory_store import Lease, MemoryStore
-from tessera.adapters import ModelFamily
+from tessera.adapters import MediaInput, ModelFamily
 from tessera.hashing import is_content_hash
-from tessera.media import MediaError, decode_image
+from tessera.media import MediaError, ProcessingOptions, decode_image
 from tessera.placeholders import Modality
 from tessera.tensor_codec import RowBlock, encode_rows
 
@@ -48,6 +48,7 @@ class EncodeItem:
     content_hash: str
     modality: Modality
     data: bytes
+    options: ProcessingOptions = field(default_factory=ProcessingOptions)
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,10 @@ class EncoderCore:
                 f"this model takes {sorted(m.value for m in self.family.modalities)}, "
                 f"not {item.modality.value}"
             )
+        try:
+            self.family.check_options(item.options)
+        except ValueError as error:
+            raise InvalidItemError(f"item {item.content_hash}: {error}") from None
 
     def _encode_batch(self, items: Sequence[EncodeItem]) -> list[RowBlock | Exception]:
         """Runs on the model thread: decode, verify each hash, one forward for the rest."""
@@ -258,7 +263,7 @@ class EncoderCore:
             except MediaError as error:
                 outcomes.append(InvalidItemError(str(error)))
                 continue
-            actual = image.content_hash(self.family.fingerprint)
+            actual = image.content_hash(self.family.fingerprint, item.options)
             if actual != item.content_hash:
                 outcomes.append(
                     InvalidItemError(
@@ -268,9 +273,9 @@ class EncoderCore:
                 )
                 continue
             outcomes.append(InvalidItemError("not encoded"))  # replaced below
-            decoded.append((index, image))
+            decoded.append((index, MediaInput(image, item.options)))
         if decoded:
-            rows = self.family.encode([image for _, image in decoded])
+            rows = self.family.encode([media for _, media in decoded])
             for (index, _), tensor in zip(decoded, rows, strict=True):
                 outcomes[index] = encode_rows(tensor)
         return outcomes

@@ -16,6 +16,7 @@ from encoder_service.encoder import (
     UnknownItemError,
 )
 from encoder_service.memory_store import Lease
+from tessera.media import ProcessingOptions
 from tessera.metrics import StatField, readings_from
 from tessera.server import abort_unless_ready
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
@@ -43,7 +44,12 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         await abort_unless_ready(context, self.core is not None)
         try:
             items = [
-                EncodeItem(item.content_hash, modality_from_proto(item.modality), item.data)
+                EncodeItem(
+                    item.content_hash,
+                    modality_from_proto(item.modality),
+                    item.data,
+                    ProcessingOptions.of(item.processing_options),
+                )
                 for item in request.items
             ]
             results = await self.core.encode(

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 
 from tessera.config_common import add_common_flags, add_model_flags, env_default
-from tessera.media import DEFAULT_MAX_IMAGE_PIXELS
+from tessera.media import DEFAULT_MAX_IMAGE_PIXELS, options_from_json
+
+
+def _processing_options(value: str) -> dict[str, int]:
+    try:
+        return options_from_json(json.loads(value))
+    except ValueError as error:  # json.JSONDecodeError is a ValueError too
+        raise argparse.ArgumentTypeError(f"expected a JSON object of integers: {error}") from None
 
 
 def _address_list(value: str) -> tuple[str, ...]:
@@ -25,6 +33,7 @@ class GatewayConfig:
     decoders: tuple[str, ...]
     max_image_pixels: int
     limit_mm_per_prompt: int
+    mm_processor_kwargs: dict[str, int]
     lease_ms: int
     replica_refresh_seconds: float
     replica_retry_seconds: float
@@ -72,6 +81,13 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--limit-mm-per-prompt", type=int, default=16, help="most media items in one request"
+    )
+    parser.add_argument(
+        "--mm-processor-kwargs",
+        type=_processing_options,
+        default={},
+        help="processor settings for every media item, as JSON, e.g. '{\"max_pixels\": 200704}' "
+        "for Qwen-VL (requests may override them with mm_processor_kwargs)",
     )
     parser.add_argument(
         "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -52,6 +52,8 @@ class ChatRequest:
     max_chunk_tokens: int = 0
     cache_salt: str = ""
     timeout_seconds: float | None = None
+    # Processor settings for this request's media (vLLM's mm_processor_kwargs).
+    processing_options: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -152,6 +154,7 @@ class GatewayFront:
                 request.max_chunk_tokens,
                 request.timeout_seconds,
                 request.cache_salt,
+                request.processing_options,
             )
             # aclosing: leaving early (a stop string) cancels the decoder call at once.
             async with aclosing(self.pipeline.run(generation)) as events:

@@ -39,7 +39,11 @@ async def run(config: GatewayConfig) -> None:
         family = await asyncio.to_thread(
             load_family, config.model, LoadOptions(ModelPart.PROCESSOR), config.model_fingerprint
         )
-        builder = PromptBuilder(family, config.max_image_pixels, config.limit_mm_per_prompt)
+        # Fails the start, not each request, when --mm-processor-kwargs is wrong.
+        family.processing_options(config.mm_processor_kwargs, num_items=1)
+        builder = PromptBuilder(
+            family, config.max_image_pixels, config.limit_mm_per_prompt, config.mm_processor_kwargs
+        )
         channels = ChannelPool()
         encoders, decoders = (
             ReplicaSet(

@@ -12,6 +12,7 @@ from typing import Any
 from gateway.front import ChatRequest, Outcome, Rejected
 from gateway.media_fetch import MediaFetchPolicy, MediaURLError, load_media_url
 from gateway.prompt import ChatInput, MediaPart, TextPart
+from tessera.media import options_from_json
 from tessera.placeholders import Modality
 from tessera.v1 import common_pb2
 
@@ -141,6 +142,10 @@ async def chat_request_from_body(
     _require(isinstance(model, str), "model must be a string", "model")
     salt = body.get("cache_salt", "")
     _require(isinstance(salt, str), "cache_salt must be a string", "cache_salt")
+    try:
+        processing_options = options_from_json(body.get("mm_processor_kwargs") or {})
+    except ValueError as error:
+        raise Rejected(f"mm_processor_kwargs {error}", param="mm_processor_kwargs") from None
     return ChatRequest(
         request_id=request_id,
         model=model,
@@ -150,6 +155,7 @@ async def chat_request_from_body(
         max_chunk_tokens=_number(body, "max_chunk_tokens", int, 0, 1 << 20) or 0,
         cache_salt=salt,
         timeout_seconds=timeout_seconds,
+        processing_options=processing_options,
     )
 
 

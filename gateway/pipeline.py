@@ -7,8 +7,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -39,6 +39,7 @@ class GenerationRequest:
     max_chunk_tokens: int
     timeout_seconds: float | None
     cache_salt: str = ""
+    processing_options: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ class GenerationPipeline:
     ) -> AsyncIterator[Prompt | TextEvent | FinishedEvent]:
         """The prompt as built, then text as it comes, then the end."""
         started = time.monotonic()
-        prompt = await asyncio.to_thread(self.builder.build, request.messages)
+        prompt = await asyncio.to_thread(
+            self.builder.build, request.messages, request.processing_options
+        )
         yield prompt
         encode_task = asyncio.create_task(
             self._encode_all(request.request_id, prompt.items, request.timeout_seconds)
@@ -159,6 +162,7 @@ class GenerationPipeline:
                     range=range_to_proto(item.range),
                     encoder_addresses=encoder_order(item.range.content_hash, self.encoders),
                     data=item.data,
+                    processing_options=item.options.as_dict(),
                 )
                 for item in prompt.items
             ],
@@ -187,7 +191,7 @@ class GenerationPipeline:
     ):
         """Encode on `address`, or on the next encoders in rank if it is unreachable."""
         request = encoder_pb2.EncodeRequest(
-            items=[media_item_to_proto(item.range, item.data) for item in items],
+            items=[media_item_to_proto(item.range, item.data, item.options) for item in items],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )

@@ -1,20 +1,28 @@
 """From chat messages to a prompt the decoder can run: template, hash, expand, place.
 
-Each media item's single placeholder token from the chat template is expanded to as
-many tokens as the item has embedding rows, and its range recorded:
+The chat template writes one marker per media item; each marker is replaced by the text
+the family's processor would put there (as many placeholder tokens as the item has
+embedding rows, and around them whatever else the processor adds), the result is
+tokenized once, and each item's run of placeholder tokens becomes its range:
 
-    template ids:  [bos, user, <image>, t1, t2, end]          (item A: 3 rows)
-    expanded ids:  [bos, user, <image>, <image>, <image>, t1, t2, end]
-    ranges:        A at offset 2, length 3  ->  positions [2, 5)
+    template text: "<s><|user|>\\n<image>Compare.</s>"        (item A: 3 rows)
+    expanded text: "<s><|user|>\\n<image><image><image>Compare.</s>"
+    token ids:     [bos, user, nl, <image>, <image>, <image>, ...]
+    ranges:        A at offset 3, length 3  ->  positions [3, 6)
+
+Expanding the text, not the token ids, gives exactly the processor's token ids even
+where it adds text around the placeholders (Gemma 3's blank lines).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera.adapters import ModelFamily
-from tessera.media import decode_image
+from tessera.adapters import ItemPlacement, MediaInput, ModelFamily
+from tessera.media import ProcessingOptions, decode_image
 from tessera.placeholders import Modality, PlaceholderRange
 
 ROLES = ("system", "user", "assistant")
@@ -45,6 +53,7 @@ class ChatInput:
 class PromptItem:
     range: PlaceholderRange
     data: bytes
+    options: ProcessingOptions = field(default_factory=ProcessingOptions)
 
 
 @dataclass(frozen=True)
@@ -53,18 +62,42 @@ class Prompt:
     items: list[PromptItem] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _PreparedItem:
+    modality: Modality
+    data: bytes
+    content_hash: str
+    placement: ItemPlacement
+    options: ProcessingOptions
+
+
 class PromptBuilder:
-    def __init__(self, family: ModelFamily, max_image_pixels: int, limit_mm_per_prompt: int):
+    def __init__(
+        self,
+        family: ModelFamily,
+        max_image_pixels: int,
+        limit_mm_per_prompt: int,
+        default_processing_options: Mapping[str, int] | None = None,
+    ):
         self.family = family
         self.max_image_pixels = max_image_pixels
         self.limit_mm_per_prompt = limit_mm_per_prompt
+        self.default_processing_options = dict(default_processing_options or {})
 
-    def build(self, messages: Sequence[ChatInput]) -> Prompt:
-        """CPU-heavy (decoding and hashing images): call it off the event loop."""
+    def build(
+        self, messages: Sequence[ChatInput], processing_options: Mapping[str, int] | None = None
+    ) -> Prompt:
+        """CPU-heavy (decoding and hashing images): call it off the event loop.
+        `processing_options` overlay the server's defaults for this request's items."""
         media = self._check_messages(messages)
-        hashes_and_rows = [self._hash_and_count(index, part) for index, part in enumerate(media)]
-        token_ids = self.family.render_prompt([_template_message(m) for m in messages])
-        return self._expand(token_ids, media, hashes_and_rows)
+        requested = {**self.default_processing_options, **(processing_options or {})}
+        try:
+            options = self.family.processing_options(requested, len(media))
+        except ValueError as error:
+            raise PromptError(f"mm_processor_kwargs: {error}") from None
+        prepared = [self._prepare(index, part, options) for index, part in enumerate(media)]
+        text = self.family.render_prompt([_template_message(m) for m in messages])
+        return self._expand(text, prepared)
 
     def _check_messages(self, messages: Sequence[ChatInput]) -> list[MediaPart]:
         if not messages:
@@ -93,42 +126,92 @@ class PromptBuilder:
             )
         return media
 
-    def _hash_and_count(self, index: int, part: MediaPart) -> tuple[str, int]:
+    def _prepare(self, index: int, part: MediaPart, options: ProcessingOptions) -> _PreparedItem:
         try:
             image = decode_image(part.data, self.max_image_pixels)
+            placement = self.family.item_placement(MediaInput(image, options))
         except ValueError as error:
             raise PromptError(f"image {index}: {error}") from None
-        return image.content_hash(self.family.fingerprint), self.family.num_placeholder_rows(image)
+        content_hash = image.content_hash(self.family.fingerprint, options)
+        return _PreparedItem(part.modality, part.data, content_hash, placement, options)
 
-    def _expand(
-        self, token_ids: list[int], media: list[MediaPart], hashes_and_rows: list[tuple[str, int]]
-    ) -> Prompt:
-        placeholder_ids = {self.family.placeholder_token_ids[m]: m for m in self.family.modalities}
-        positions = [p for p, token in enumerate(token_ids) if token in placeholder_ids]
-        if len(positions) != len(media):
+    def _expand(self, text: str, prepared: list[_PreparedItem]) -> Prompt:
+        expanded, in_prompt_order = self._replace_markers(text, prepared)
+        token_ids = self.family.tokenize(expanded)
+        items = self._locate(token_ids, in_prompt_order)
+        if len(token_ids) >= self.family.max_model_len:
             raise PromptError(
-                f"the prompt has {len(positions)} media placeholders but {len(media)} media "
-                "items were sent; do not write placeholder tokens such as '<image>' in text"
-            )
-        expanded: list[int] = []
-        items: list[PromptItem] = []
-        previous = 0
-        for position, part, (content_hash, num_rows) in zip(
-            positions, media, hashes_and_rows, strict=True
-        ):
-            expanded += token_ids[previous:position]
-            placeholder = PlaceholderRange(part.modality, content_hash, len(expanded), num_rows)
-            expanded += [token_ids[position]] * num_rows
-            items.append(PromptItem(placeholder, part.data))
-            previous = position + 1
-        expanded += token_ids[previous:]
-        if len(expanded) >= self.family.max_model_len:
-            raise PromptError(
-                f"the prompt is {len(expanded)} tokens after expanding {len(media)} media "
+                f"the prompt is {len(token_ids)} tokens after expanding {len(prepared)} media "
                 f"items; the model's context is {self.family.max_model_len}: shorten it or "
                 "send fewer items"
             )
-        return Prompt(expanded, items)
+        return Prompt(token_ids, items)
+
+    def _replace_markers(
+        self, text: str, prepared: list[_PreparedItem]
+    ) -> tuple[str, list[_PreparedItem]]:
+        """Each marker the template wrote, replaced by its item's placeholder text; the
+        k-th marker of a modality is that modality's k-th item."""
+        markers = {self.family.media_marker(m): m for m in self.family.modalities}
+        queues = {m: deque(p for p in prepared if p.modality == m) for m in markers.values()}
+        pattern = re.compile("|".join(re.escape(marker) for marker in markers))
+        pieces: list[str] = []
+        in_prompt_order: list[_PreparedItem] = []
+        previous = 0
+        for match in pattern.finditer(text):
+            queue = queues[markers[match.group()]]
+            if not queue:
+                raise self._count_error(text, pattern, prepared)
+            item = queue.popleft()
+            pieces += [
+                text[previous : match.start()],
+                self.family.placeholder_text(item.modality, item.placement.num_rows),
+            ]
+            in_prompt_order.append(item)
+            previous = match.end()
+        if any(queues.values()):
+            raise self._count_error(text, pattern, prepared)
+        pieces.append(text[previous:])
+        return "".join(pieces), in_prompt_order
+
+    @staticmethod
+    def _count_error(text: str, pattern: re.Pattern, prepared: list[_PreparedItem]) -> PromptError:
+        return PromptError(
+            f"the prompt has {len(pattern.findall(text))} media placeholders but "
+            f"{len(prepared)} media items were sent; do not write placeholder tokens such "
+            "as '<image>' in text"
+        )
+
+    def _locate(
+        self, token_ids: list[int], in_prompt_order: list[_PreparedItem]
+    ) -> list[PromptItem]:
+        """Each item's range: its run of placeholder tokens, in prompt order."""
+        placeholder_ids = self.family.placeholder_token_ids
+        items: list[PromptItem] = []
+        cursor = 0
+        for item in in_prompt_order:
+            token, num_rows = placeholder_ids[item.modality], item.placement.num_rows
+            try:
+                offset = token_ids.index(token, cursor)
+            except ValueError:
+                offset = -1
+            if offset < 0 or token_ids[offset : offset + num_rows] != [token] * num_rows:
+                raise PromptError(
+                    "the prompt's placeholder tokens do not match its media items; do not "
+                    "write placeholder tokens in text"
+                )
+            placeholder = PlaceholderRange(
+                item.modality, item.content_hash, offset, num_rows, item.placement.layout
+            )
+            items.append(PromptItem(placeholder, item.data, item.options))
+            cursor = offset + num_rows
+        num_placeholders = sum(token_ids.count(t) for t in set(placeholder_ids.values()))
+        if num_placeholders != sum(item.range.length for item in items):
+            raise PromptError(
+                "the prompt holds placeholder tokens of no media item; do not write "
+                "placeholder tokens in text"
+            )
+        return items
 
 
 def _template_message(message: ChatInput) -> dict:

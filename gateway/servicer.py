@@ -34,6 +34,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 max_chunk_tokens=request.max_chunk_tokens,
                 cache_salt=request.cache_salt,
                 timeout_seconds=context.time_remaining(),
+                processing_options=dict(request.mm_processor_kwargs),
             )
             async for text, event in self.front.generate(chat, outcome):
                 yield gateway_pb2.GenerateResponse(

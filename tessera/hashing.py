@@ -3,20 +3,24 @@
 A content hash covers everything the rows depend on, in a versioned, length-framed
 encoding (so no two different field sequences serialize to the same bytes):
 
-    "tessera-content" | version | model_fingerprint | modality | mode | shape | content
+    "tessera-content" | version | model_fingerprint | modality | mode | shape | options
+                      | content
 
 `shape` is part of it because the same pixel bytes at 30x100 and 100x30 are different
-images. The digest is BLAKE2b-256 (hex, 64 characters).
+images; `options` are the processing options that change the rows (Qwen-VL's
+`min_pixels`/`max_pixels`, ...), as sorted (name, value) pairs, so two settings never
+share an entry. The digest is BLAKE2b-256 (hex, 64 characters).
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-HASH_SCHEMA_VERSION = 1
+# 2: processing options joined the key.
+HASH_SCHEMA_VERSION = 2
 CONTENT_HASH_HEX_LENGTH = 64
 _DIGEST_BYTES = 32
 # Weight files up to this size are hashed whole; larger ones by sampled blocks, since
@@ -46,12 +50,15 @@ def content_hash(
     mode: str,
     shape: Sequence[int],
     content: bytes | memoryview,
+    options: Mapping[str, int] | None = None,
 ) -> str:
     """The cache name of one decoded media item.
 
     `mode` is the decoded sample format (an image's PIL mode such as "RGB"), `shape` the
-    decoded dimensions (an image's width, height), `content` the decoded samples.
+    decoded dimensions (an image's width, height), `content` the decoded samples,
+    `options` the processing options that change its rows.
     """
+    pairs = sorted((options or {}).items())
     return framed_digest(
         [
             b"tessera-content",
@@ -60,6 +67,9 @@ def content_hash(
             modality.encode(),
             mode.encode(),
             struct.pack(f"<{len(shape)}Q", *shape),
+            framed_digest(
+                part for name, value in pairs for part in (name.encode(), struct.pack("<q", value))
+            ).encode(),
             bytes(content) if isinstance(content, memoryview) else content,
         ]
     )

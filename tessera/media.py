@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from PIL import Image
@@ -16,6 +17,41 @@ DEFAULT_MAX_IMAGE_PIXELS = 64_000_000
 
 class MediaError(ValueError):
     """Media that cannot be used, with a message that says what to fix."""
+
+
+@dataclass(frozen=True)
+class ProcessingOptions:
+    """Processor settings that change an item's rows, as sorted (name, value) pairs:
+    Qwen-VL's `min_pixels`/`max_pixels` (vLLM's `mm_processor_kwargs`), or a setting a
+    family derives itself. Part of the content hash; travels with the item so every
+    encoder processes it the same way."""
+
+    values: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of(cls, mapping: Mapping[str, int]) -> ProcessingOptions:
+        return cls(tuple(sorted((str(k), int(v)) for k, v in mapping.items())))
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.values)
+
+    def get(self, name: str, default: int | None = None) -> int | None:
+        return self.as_dict().get(name, default)
+
+
+def options_from_json(value: object) -> dict[str, int]:
+    """Processing options from a decoded JSON object ({"max_pixels": 200704}); raises
+    ValueError unless it maps names to integers (true/false count as 1/0)."""
+    if not isinstance(value, dict):
+        raise ValueError('must be an object of integer settings, e.g. {"max_pixels": 200704}')
+    options = {}
+    for name, setting in value.items():
+        if isinstance(setting, bool):
+            setting = int(setting)
+        if not isinstance(setting, int) or not -(2**63) <= setting < 2**63:
+            raise ValueError(f"{name} must be a 64-bit integer, got {setting!r}")
+        options[name] = setting
+    return options
 
 
 @dataclass(frozen=True)
@@ -32,13 +68,16 @@ class DecodedImage:
     def height(self) -> int:
         return self.image.height
 
-    def content_hash(self, model_fingerprint: str) -> str:
+    def content_hash(
+        self, model_fingerprint: str, options: ProcessingOptions = ProcessingOptions()
+    ) -> str:
         return content_hash(
             model_fingerprint,
             Modality.IMAGE.value,
             self.image.mode,
             (self.width, self.height),
             self.image.tobytes(),
+            options.as_dict(),
         )
 
 

@@ -13,6 +13,9 @@ Example: an item at offset 5 with 16 rows, prompt chunked by 8:
     chunk [16, 24) -> rows [11, 16) at positions [16, 21)
 
 Every row is fetched once in total, and none outside its chunk.
+
+Some families attend bidirectionally inside an item (Gemma 3): a chunk must then never cut
+an item, and `atomic_chunk_end` moves a chunk's end to an item boundary.
 """
 
 from __future__ import annotations
@@ -28,6 +31,38 @@ class Modality(str, Enum):
 
 
 @dataclass(frozen=True)
+class ItemLayout:
+    """How an item's rows are arranged, as its model family defines them; travels with
+    the item's range so the decoder can compute positions and check the row count.
+
+    `grid_thw` is the item's patch grid before merging (Qwen-VL: temporal, height,
+    width), empty for families whose rows are a plain sequence; `spatial_merge_size`
+    patches per side become one row, so rows = t * h * w / merge^2. `num_planes` is how
+    many planes of the same rows the item has (Qwen3-VL deepstack: 1 + levels); they
+    travel side by side in each row, `num_planes * hidden_size` values wide.
+
+    Example: a Qwen2-VL image of 224 x 168 px (patch 14, merge 2) has the grid (1, 16, 12)
+    and 1 * 16 * 12 / 4 = 48 rows, laid out as 8 rows of 6 merged patches.
+    """
+
+    grid_thw: tuple[int, ...] = ()
+    spatial_merge_size: int = 1
+    num_planes: int = 1
+
+    @property
+    def merged_grid(self) -> tuple[int, int, int]:
+        """(t, h, w) in rows: the grid after merging."""
+        t, h, w = self.grid_thw
+        merge = self.spatial_merge_size
+        return t, h // merge, w // merge
+
+    @property
+    def num_grid_rows(self) -> int:
+        t, h, w = self.merged_grid
+        return t * h * w
+
+
+@dataclass(frozen=True)
 class PlaceholderRange:
     """An item's placeholder positions `[offset, offset + length)` in a prompt."""
 
@@ -35,6 +70,7 @@ class PlaceholderRange:
     content_hash: str
     offset: int
     length: int
+    layout: ItemLayout = ItemLayout()
 
     @property
     def end(self) -> int:
@@ -97,6 +133,39 @@ def chunk_bounds(
         raise ValueError(f"max_chunk_tokens must be >= 1, got {max_chunk_tokens}")
     for chunk_start in range(start, num_tokens, max_chunk_tokens):
         yield chunk_start, min(chunk_start + max_chunk_tokens, num_tokens)
+
+
+def atomic_chunk_end(ranges: Sequence[PlaceholderRange], start: int, end: int) -> int:
+    """The end of chunk `[start, end)` moved so the chunk cuts no item: back to the start
+    of the item it would cut, or, when that item starts at `start` (or before it), on
+    to the item's end, so an item larger than the chunk limit gets a chunk of its own.
+
+    Example: items at [4, 20) and [24, 28), chunk limit 8 from position 0:
+
+        [0, 4)  -> stops before the first item
+        [4, 20) -> the whole first item (16 > 8)
+        [20, 24) -> stops before the second
+        [24, 32) -> the second item and what follows
+    """
+    for item in ranges:
+        if item.offset < end < item.end:
+            return item.offset if item.offset > start else item.end
+    return end
+
+
+def atomic_block_floor(ranges: Sequence[PlaceholderRange], num_blocks: int, block_size: int) -> int:
+    """The most of the first `num_blocks` blocks whose end cuts no item.
+
+    Example: items at [10, 20) and [21, 40), blocks of 16: 2 blocks end at 32, inside the
+    second item; 1 block ends at 16, inside the first; 0 blocks is the answer.
+    """
+    while num_blocks:
+        end = num_blocks * block_size
+        cut = next((item for item in ranges if item.offset < end < item.end), None)
+        if cut is None:
+            break
+        num_blocks = cut.offset // block_size
+    return num_blocks
 
 
 def validate_ranges(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tessera.placeholders import Modality, PlaceholderRange
+from tessera.media import ProcessingOptions
+from tessera.placeholders import ItemLayout, Modality, PlaceholderRange
 from tessera.tensor_codec import RowBlock, check_block
 from tessera.v1 import common_pb2
 
@@ -25,12 +26,29 @@ def modality_from_proto(value: int) -> Modality:
         raise ValueError(f"modality must be IMAGE or AUDIO, got {value}") from None
 
 
+def layout_to_proto(layout: ItemLayout) -> common_pb2.ItemLayout:
+    return common_pb2.ItemLayout(
+        grid_thw=list(layout.grid_thw),
+        spatial_merge_size=layout.spatial_merge_size,
+        num_planes=layout.num_planes,
+    )
+
+
+def layout_from_proto(message: common_pb2.ItemLayout) -> ItemLayout:
+    """Raises ValueError for a grid that is not (t, h, w) of positive sizes."""
+    grid = tuple(message.grid_thw)
+    if grid and (len(grid) != 3 or min(grid) < 1):
+        raise ValueError(f"layout grid_thw must be 3 positive sizes (t, h, w), got {list(grid)}")
+    return ItemLayout(grid, message.spatial_merge_size or 1, message.num_planes or 1)
+
+
 def range_to_proto(item: PlaceholderRange) -> common_pb2.PlaceholderRange:
     return common_pb2.PlaceholderRange(
         modality=modality_to_proto(item.modality),
         content_hash=item.content_hash,
         offset=item.offset,
         length=item.length,
+        layout=layout_to_proto(item.layout),
     )
 
 
@@ -40,13 +58,19 @@ def range_from_proto(message: common_pb2.PlaceholderRange) -> PlaceholderRange:
         content_hash=message.content_hash,
         offset=message.offset,
         length=message.length,
+        layout=layout_from_proto(message.layout),
     )
 
 
-def media_item_to_proto(item: PlaceholderRange, data: bytes) -> common_pb2.MediaItem:
-    """The item named by `item`'s content hash, with its encoded bytes."""
+def media_item_to_proto(
+    item: PlaceholderRange, data: bytes, options: ProcessingOptions
+) -> common_pb2.MediaItem:
+    """The item named by `item`'s content hash, with its encoded bytes and options."""
     return common_pb2.MediaItem(
-        modality=modality_to_proto(item.modality), data=data, content_hash=item.content_hash
+        modality=modality_to_proto(item.modality),
+        data=data,
+        content_hash=item.content_hash,
+        processing_options=options.as_dict(),
     )
 
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from tessera.adapters.base import LoadOptions, ModelFamily, ModelPart
+from tessera.adapters.base import (
+    AttentionRules,
+    ItemPlacement,
+    LoadOptions,
+    MediaInput,
+    ModelFamily,
+    ModelPart,
+    PackedMedia,
+)
 from tessera.model_files import read_architecture, resolve_model_dir
 
 _REGISTRY: dict[str, str] = {
@@ -30,4 +38,14 @@ def load_family(model: str, options: LoadOptions, fingerprint: str | None = None
     return family_class(model_dir, options, fingerprint=fingerprint)
 
 
-__all__ = ["LoadOptions", "ModelFamily", "ModelPart", "load_family", "supported_architectures"]
+__all__ = [
+    "AttentionRules",
+    "ItemPlacement",
+    "LoadOptions",
+    "MediaInput",
+    "ModelFamily",
+    "ModelPart",
+    "PackedMedia",
+    "load_family",
+    "supported_architectures",
+]

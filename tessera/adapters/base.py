@@ -1,28 +1,42 @@
 """The one interface every model family implements.
 
 A family is loaded in parts: the gateway needs only the processor (tokenizer, chat
-template, how many rows an item takes), an encoder the processor and the media tower, a
-decoder the processor and the language model. Asking a family for a part it did not load
-raises, so a service cannot silently hold weights it should not.
+template, how many rows an item takes and how they are laid out), an encoder the
+processor and the media tower, a decoder the processor and the language model. Asking a
+family for a part it did not load raises, so a service cannot silently hold weights it
+should not.
+
+What differs between families, and how the interface absorbs it:
+- rows per item: fixed (LLaVA, Gemma 3) or from the item's size (Qwen-VL, OneVision):
+  `item_placement` at the front door gives the count and the layout that travels with it;
+- positions: 1-D, or multimodal RoPE computed from each item's layout (`positions`);
+- planes: Qwen3-VL's deepstack rows ride beside the main rows and reach the language
+  model through `forward(..., media=PackedMedia)`;
+- attention: `AttentionRules` says whether a chunk may cut an item and whether tokens of
+  an item see each other both ways.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Flag, auto
 from typing import Any, Protocol
 
 import torch
 
-from tessera.media import DecodedImage
-from tessera.placeholders import Modality, PlaceholderRange
+from tessera.media import DecodedImage, ProcessingOptions
+from tessera.placeholders import ItemLayout, Modality, PlaceholderRange
 
 
 class ModelPart(Flag):
     PROCESSOR = auto()
     MEDIA_ENCODER = auto()
     LANGUAGE_MODEL = auto()
+
+
+class PartNotLoadedError(RuntimeError):
+    """A service asked a family for a part it was not loaded with."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,49 @@ class KVShape:
     head_dim: int
 
 
+@dataclass(frozen=True)
+class AttentionRules:
+    """How a family's language model attends around media items."""
+
+    # False: a prefill chunk never cuts an item (the scheduler moves chunk ends to item
+    # boundaries), because an item's rows must be computed together.
+    split_items: bool = True
+    # True: tokens inside one item attend to each other in both directions (Gemma 3);
+    # everything else stays causal.
+    bidirectional_items: bool = False
+
+
+@dataclass(frozen=True)
+class MediaInput:
+    """A decoded item and the processing options it is encoded with."""
+
+    image: DecodedImage
+    options: ProcessingOptions = field(default_factory=ProcessingOptions)
+
+    @property
+    def modality(self) -> Modality:
+        return Modality.IMAGE
+
+
+@dataclass(frozen=True)
+class ItemPlacement:
+    """How many placeholder rows an item takes in the prompt, and how they are laid out."""
+
+    num_rows: int
+    layout: ItemLayout = field(default_factory=ItemLayout)
+
+
+@dataclass(frozen=True)
+class PackedMedia:
+    """The media rows of one packed forward beyond their first plane (which the runner
+    writes into the input embeddings): Qwen3-VL's deepstack levels."""
+
+    # [num_packed_tokens] True where a packed token holds a media row.
+    mask: torch.Tensor
+    # [mask.sum(), (num_planes - 1) * hidden_size] the other planes, in packed order.
+    extra_planes: torch.Tensor
+
+
 # A chat message in the transformers chat-template shape:
 # {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image"}]}
 ChatMessageDict = dict[str, Any]
@@ -59,29 +116,64 @@ class ModelFamily(Protocol):
     modalities: frozenset[Modality]
     placeholder_token_ids: dict[Modality, int]
     hidden_size: int
+    # Planes per embedding row; an encoded row is `num_planes * hidden_size` wide.
+    num_planes: int
+    attention: AttentionRules
+    # Rows every item of the family takes when that is fixed (None: it depends on the item).
+    fixed_item_rows: int | None
     vocab_size: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]
     device: torch.device
     dtype: torch.dtype
 
-    # Processor side (gateway, encoder).
-    def render_prompt(self, messages: Sequence[ChatMessageDict]) -> list[int]:
-        """Applies the chat template and tokenizes; one placeholder token per item."""
+    # -- processor side (gateway, encoder) ----------------------------------------------
+
+    def render_prompt(self, messages: Sequence[ChatMessageDict]) -> str:
+        """The chat template's text: one `media_marker` per item, in prompt order."""
         ...
 
-    def num_placeholder_rows(self, item: DecodedImage) -> int:
-        """How many embedding rows (and so placeholder tokens) the item takes."""
+    def media_marker(self, modality: Modality) -> str:
+        """The text the chat template writes for one item of `modality`."""
+        ...
+
+    def placeholder_text(self, modality: Modality, num_rows: int) -> str:
+        """What the processor replaces one marker with for an item of `num_rows` rows."""
+        ...
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of rendered prompt text (the template wrote every special token)."""
+        ...
+
+    def processing_options(self, requested: Mapping[str, int], num_items: int) -> ProcessingOptions:
+        """The options an item of a prompt with `num_items` items is processed with:
+        `requested` (server defaults overlaid by the request's) checked, plus whatever the
+        family derives itself. Raises ValueError naming what to fix."""
+        ...
+
+    def check_options(self, options: ProcessingOptions) -> None:
+        """Raises ValueError unless `options` (as received on the wire) are valid."""
+        ...
+
+    def item_placement(self, item: MediaInput) -> ItemPlacement:
+        """Rows and layout of an item, computed from its size alone (no pixels)."""
         ...
 
     def decode_tokens(self, token_ids: Sequence[int]) -> str: ...
 
-    # Media encoder side.
-    def encode(self, items: Sequence[DecodedImage]) -> list[torch.Tensor]:
-        """One `[num_placeholder_rows(item), hidden_size]` tensor per item, one forward."""
+    # -- media encoder side ---------------------------------------------------------------
+
+    def encode(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
+        """One `[rows, num_planes * hidden_size]` tensor per item, in as few forwards as
+        the family allows."""
         ...
 
-    # Language model side.
+    # -- language model side --------------------------------------------------------------
+
+    def check_layout(self, item: PlaceholderRange) -> None:
+        """Raises ValueError unless the item's layout fits its length and this model."""
+        ...
+
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
         """`[n]` token ids -> `[n, hidden_size]` input embeddings."""
         ...
@@ -90,13 +182,18 @@ class ModelFamily(Protocol):
         self, num_prompt_tokens: int, ranges: Sequence[PlaceholderRange], start: int, end: int
     ) -> torch.Tensor:
         """Position ids for sequence positions `[start, end)` (prompt or generated), in the
-        shape the language model takes for a batch of one."""
+        shape the language model takes for a batch of one, with the positions as the last
+        dimension: exactly the slice of what the whole sequence would get."""
         ...
 
     def kv_shape(self) -> KVShape: ...
 
     def forward(
-        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, **attention_kwargs: Any
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        media: PackedMedia | None = None,
+        **attention_kwargs: Any,
     ) -> torch.Tensor:
         """Runs `[n, hidden]` packed embeddings through the language model; the keyword
         arguments reach the attention function. Returns `[n, hidden]` final hidden states."""

@@ -58,6 +58,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )
 
+
 @dataclass(frozen=True)
 class DemoModelSize:
     """Shape of a demo checkpoint: text (Llama) and vision (CLIP) towers."""

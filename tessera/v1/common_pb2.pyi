@@ -26,26 +26,47 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class MediaItem(_message.Message):
-    __slots__ = ("modality", "data", "content_hash")
+    __slots__ = ("modality", "data", "content_hash", "processing_options")
+    class ProcessingOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     MODALITY_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     modality: Modality
     data: bytes
     content_hash: str
-    def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., data: _Optional[bytes] = ..., content_hash: _Optional[str] = ...) -> None: ...
+    processing_options: _containers.ScalarMap[str, int]
+    def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., data: _Optional[bytes] = ..., content_hash: _Optional[str] = ..., processing_options: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class ItemLayout(_message.Message):
+    __slots__ = ("grid_thw", "spatial_merge_size", "num_planes")
+    GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    SPATIAL_MERGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PLANES_FIELD_NUMBER: _ClassVar[int]
+    grid_thw: _containers.RepeatedScalarFieldContainer[int]
+    spatial_merge_size: int
+    num_planes: int
+    def __init__(self, grid_thw: _Optional[_Iterable[int]] = ..., spatial_merge_size: _Optional[int] = ..., num_planes: _Optional[int] = ...) -> None: ...
 
 class PlaceholderRange(_message.Message):
-    __slots__ = ("modality", "content_hash", "offset", "length")
+    __slots__ = ("modality", "content_hash", "offset", "length", "layout")
     MODALITY_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
     modality: Modality
     content_hash: str
     offset: int
     length: int
-    def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., content_hash: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    layout: ItemLayout
+    def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., content_hash: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., layout: _Optional[_Union[ItemLayout, _Mapping]] = ...) -> None: ...
 
 class TensorBytes(_message.Message):
     __slots__ = ("dtype", "shape", "data")

@@ -25,31 +25,35 @@ _sym_db = _symbol_database.Default()
 from tessera.v1 import common_pb2 as tessera_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tessera/v1/decoder.proto\x12\ntessera.v1\x1a\x17tessera/v1/common.proto\"c\n\x0bMediaSource\x12+\n\x05range\x18\x01 \x01(\x0b\x32\x1c.tessera.v1.PlaceholderRange\x12\x19\n\x11\x65ncoder_addresses\x18\x02 \x03(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xc1\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12&\n\x05items\x18\x03 \x03(\x0b\x32\x17.tessera.v1.MediaSource\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.tessera.v1.SamplingParams\x12\x18\n\x10max_chunk_tokens\x18\x05 \x01(\r\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"h\n\x11PrefillChunkStats\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\x12\x1a\n\x12num_embedding_rows\x18\x03 \x01(\r\x12\x1b\n\x13num_embedding_bytes\x18\x04 \x01(\x04\"\xe8\x01\n\x0b\x44\x65\x63odeStats\x12-\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1d.tessera.v1.PrefillChunkStats\x12\x1b\n\x13num_embedding_bytes\x18\x02 \x01(\x04\x12\x1b\n\x13num_reencoded_items\x18\x03 \x01(\r\x12\x15\n\rfetch_wait_ms\x18\x04 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x05 \x01(\x01\x12 \n\x18num_cached_prompt_tokens\x18\x06 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x07 \x01(\r\"L\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\x08logprobs\x18\x02 \x03(\x0b\x32\x19.tessera.v1.TokenLogprobs\"\x8b\x01\n\x0e\x44\x65\x63odeFinished\x12/\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x18.tessera.v1.FinishReason\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.tessera.v1.Usage\x12&\n\x05stats\x18\x03 \x01(\x0b\x32\x17.tessera.v1.DecodeStats\"s\n\x0e\x44\x65\x63odeResponse\x12(\n\x06tokens\x18\x01 \x01(\x0b\x32\x16.tessera.v1.TokenBatchH\x00\x12.\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x1a.tessera.v1.DecodeFinishedH\x00\x42\x07\n\x05\x65vent\"\x18\n\x16GetDecoderStatsRequest\"\xc7\x03\n\x0c\x44\x65\x63oderStats\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x03 \x01(\r\x12\x1a\n\x12num_free_kv_blocks\x18\x04 \x01(\r\x12\x1c\n\x14num_cached_kv_blocks\x18\x05 \x01(\r\x12\x15\n\rkv_block_size\x18\x06 \x01(\r\x12\x1a\n\x12num_prefix_queries\x18\x07 \x01(\x04\x12\x1d\n\x15num_prefix_hit_blocks\x18\x08 \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\t \x01(\x04\x12\x11\n\tnum_steps\x18\n \x01(\x04\x12\x1a\n\x12num_batched_tokens\x18\x0b \x01(\x04\x12\x17\n\x0f\x66orward_seconds\x18\x0c \x01(\x01\x12\x1a\n\x12\x66\x65tch_wait_seconds\x18\r \x01(\x01\x12\"\n\x1anum_prefetch_pending_bytes\x18\x0e \x01(\x04\x12\x14\n\x0cnum_finished\x18\x0f \x01(\x04\x12\x13\n\x0bnum_aborted\x18\x10 \x01(\x04\x12\x1e\n\x16num_scheduled_requests\x18\x11 \x01(\x04\x32\x9f\x01\n\x0e\x44\x65\x63oderService\x12\x43\n\x08Generate\x12\x19.tessera.v1.DecodeRequest\x1a\x1a.tessera.v1.DecodeResponse0\x01\x12H\n\x08GetStats\x12\".tessera.v1.GetDecoderStatsRequest\x1a\x18.tessera.v1.DecoderStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tessera/v1/decoder.proto\x12\ntessera.v1\x1a\x17tessera/v1/common.proto\"\xe9\x01\n\x0bMediaSource\x12+\n\x05range\x18\x01 \x01(\x0b\x32\x1c.tessera.v1.PlaceholderRange\x12\x19\n\x11\x65ncoder_addresses\x18\x02 \x03(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12J\n\x12processing_options\x18\x04 \x03(\x0b\x32..tessera.v1.MediaSource.ProcessingOptionsEntry\x1a\x38\n\x16ProcessingOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xc1\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12&\n\x05items\x18\x03 \x03(\x0b\x32\x17.tessera.v1.MediaSource\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.tessera.v1.SamplingParams\x12\x18\n\x10max_chunk_tokens\x18\x05 \x01(\r\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"h\n\x11PrefillChunkStats\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\x12\x1a\n\x12num_embedding_rows\x18\x03 \x01(\r\x12\x1b\n\x13num_embedding_bytes\x18\x04 \x01(\x04\"\xe8\x01\n\x0b\x44\x65\x63odeStats\x12-\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1d.tessera.v1.PrefillChunkStats\x12\x1b\n\x13num_embedding_bytes\x18\x02 \x01(\x04\x12\x1b\n\x13num_reencoded_items\x18\x03 \x01(\r\x12\x15\n\rfetch_wait_ms\x18\x04 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x05 \x01(\x01\x12 \n\x18num_cached_prompt_tokens\x18\x06 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x07 \x01(\r\"L\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\x08logprobs\x18\x02 \x03(\x0b\x32\x19.tessera.v1.TokenLogprobs\"\x8b\x01\n\x0e\x44\x65\x63odeFinished\x12/\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x18.tessera.v1.FinishReason\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.tessera.v1.Usage\x12&\n\x05stats\x18\x03 \x01(\x0b\x32\x17.tessera.v1.DecodeStats\"s\n\x0e\x44\x65\x63odeResponse\x12(\n\x06tokens\x18\x01 \x01(\x0b\x32\x16.tessera.v1.TokenBatchH\x00\x12.\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x1a.tessera.v1.DecodeFinishedH\x00\x42\x07\n\x05\x65vent\"\x18\n\x16GetDecoderStatsRequest\"\xc7\x03\n\x0c\x44\x65\x63oderStats\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x03 \x01(\r\x12\x1a\n\x12num_free_kv_blocks\x18\x04 \x01(\r\x12\x1c\n\x14num_cached_kv_blocks\x18\x05 \x01(\r\x12\x15\n\rkv_block_size\x18\x06 \x01(\r\x12\x1a\n\x12num_prefix_queries\x18\x07 \x01(\x04\x12\x1d\n\x15num_prefix_hit_blocks\x18\x08 \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\t \x01(\x04\x12\x11\n\tnum_steps\x18\n \x01(\x04\x12\x1a\n\x12num_batched_tokens\x18\x0b \x01(\x04\x12\x17\n\x0f\x66orward_seconds\x18\x0c \x01(\x01\x12\x1a\n\x12\x66\x65tch_wait_seconds\x18\r \x01(\x01\x12\"\n\x1anum_prefetch_pending_bytes\x18\x0e \x01(\x04\x12\x14\n\x0cnum_finished\x18\x0f \x01(\x04\x12\x13\n\x0bnum_aborted\x18\x10 \x01(\x04\x12\x1e\n\x16num_scheduled_requests\x18\x11 \x01(\x04\x32\x9f\x01\n\x0e\x44\x65\x63oderService\x12\x43\n\x08Generate\x12\x19.tessera.v1.DecodeRequest\x1a\x1a.tessera.v1.DecodeResponse0\x01\x12H\n\x08GetStats\x12\".tessera.v1.GetDecoderStatsRequest\x1a\x18.tessera.v1.DecoderStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tessera.v1.decoder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEDIASOURCE']._serialized_start=65
-  _globals['_MEDIASOURCE']._serialized_end=164
-  _globals['_DECODEREQUEST']._serialized_start=167
-  _globals['_DECODEREQUEST']._serialized_end=360
-  _globals['_PREFILLCHUNKSTATS']._serialized_start=362
-  _globals['_PREFILLCHUNKSTATS']._serialized_end=466
-  _globals['_DECODESTATS']._serialized_start=469
-  _globals['_DECODESTATS']._serialized_end=701
-  _globals['_TOKENBATCH']._serialized_start=703
-  _globals['_TOKENBATCH']._serialized_end=779
-  _globals['_DECODEFINISHED']._serialized_start=782
-  _globals['_DECODEFINISHED']._serialized_end=921
-  _globals['_DECODERESPONSE']._serialized_start=923
-  _globals['_DECODERESPONSE']._serialized_end=1038
-  _globals['_GETDECODERSTATSREQUEST']._serialized_start=1040
-  _globals['_GETDECODERSTATSREQUEST']._serialized_end=1064
-  _globals['_DECODERSTATS']._serialized_start=1067
-  _globals['_DECODERSTATS']._serialized_end=1522
-  _globals['_DECODERSERVICE']._serialized_start=1525
-  _globals['_DECODERSERVICE']._serialized_end=1684
+  _globals['_MEDIASOURCE_PROCESSINGOPTIONSENTRY']._loaded_options = None
+  _globals['_MEDIASOURCE_PROCESSINGOPTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_MEDIASOURCE']._serialized_start=66
+  _globals['_MEDIASOURCE']._serialized_end=299
+  _globals['_MEDIASOURCE_PROCESSINGOPTIONSENTRY']._serialized_start=243
+  _globals['_MEDIASOURCE_PROCESSINGOPTIONSENTRY']._serialized_end=299
+  _globals['_DECODEREQUEST']._serialized_start=302
+  _globals['_DECODEREQUEST']._serialized_end=495
+  _globals['_PREFILLCHUNKSTATS']._serialized_start=497
+  _globals['_PREFILLCHUNKSTATS']._serialized_end=601
+  _globals['_DECODESTATS']._serialized_start=604
+  _globals['_DECODESTATS']._serialized_end=836
+  _globals['_TOKENBATCH']._serialized_start=838
+  _globals['_TOKENBATCH']._serialized_end=914
+  _globals['_DECODEFINISHED']._serialized_start=917
+  _globals['_DECODEFINISHED']._serialized_end=1056
+  _globals['_DECODERESPONSE']._serialized_start=1058
+  _globals['_DECODERESPONSE']._serialized_end=1173
+  _globals['_GETDECODERSTATSREQUEST']._serialized_start=1175
+  _globals['_GETDECODERSTATSREQUEST']._serialized_end=1199
+  _globals['_DECODERSTATS']._serialized_start=1202
+  _globals['_DECODERSTATS']._serialized_end=1657
+  _globals['_DECODERSERVICE']._serialized_start=1660
+  _globals['_DECODERSERVICE']._serialized_end=1819
 # @@protoc_insertion_point(module_scope)

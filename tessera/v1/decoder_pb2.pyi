@@ -8,14 +8,23 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MediaSource(_message.Message):
-    __slots__ = ("range", "encoder_addresses", "data")
+    __slots__ = ("range", "encoder_addresses", "data", "processing_options")
+    class ProcessingOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RANGE_FIELD_NUMBER: _ClassVar[int]
     ENCODER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     range: _common_pb2.PlaceholderRange
     encoder_addresses: _containers.RepeatedScalarFieldContainer[str]
     data: bytes
-    def __init__(self, range: _Optional[_Union[_common_pb2.PlaceholderRange, _Mapping]] = ..., encoder_addresses: _Optional[_Iterable[str]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    processing_options: _containers.ScalarMap[str, int]
+    def __init__(self, range: _Optional[_Union[_common_pb2.PlaceholderRange, _Mapping]] = ..., encoder_addresses: _Optional[_Iterable[str]] = ..., data: _Optional[bytes] = ..., processing_options: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "items", "sampling", "max_chunk_tokens", "cache_salt")

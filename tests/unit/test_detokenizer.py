@@ -21,7 +21,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tessera.demo_model import build_tokenizer
+    from tessera.demo_models.llava import build_tokenizer_for_llava as build_tokenizer
 
     return build_tokenizer()
 

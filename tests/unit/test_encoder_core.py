@@ -12,7 +12,8 @@ import torch
 
 from encoder_service.encoder import EncodeItem, EncoderCore, RowRequest, UnknownItemError
 from encoder_service.memory_store import Lease, MemoryStore
-from tessera.media import DecodedImage, decode_image
+from tessera.adapters import MediaInput
+from tessera.media import ProcessingOptions, decode_image
 from tessera.placeholders import Modality
 from tests.reference import noise_image
 
@@ -29,10 +30,16 @@ class HeldFamily:
         self.release = threading.Event()
         self.batches: list[int] = []
 
-    def encode(self, items: Sequence[DecodedImage]) -> list[torch.Tensor]:
+    def check_options(self, options: ProcessingOptions) -> None:
+        if options.values:
+            raise ValueError("takes no options")
+
+    def encode(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
         assert self.release.wait(10)
         self.batches.append(len(items))
-        return [torch.full((4, 8), float(item.image.getpixel((0, 0))[0])) for item in items]
+        return [
+            torch.full((4, 8), float(item.image.image.getpixel((0, 0))[0])) for item in items
+        ]
 
 
 def item(seed: int) -> EncodeItem:

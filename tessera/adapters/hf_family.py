@@ -1,0 +1,229 @@
+"""What every transformers-based family shares: loading the processor and the parts of
+the model a service runs, the chat template, tokenizing, 1-D positions, the language
+model's forward and logits. A family subclasses `HFFamily` and says what differs: its
+model class, its media modules, how many rows an item takes and how it is encoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import torch
+from transformers import AutoConfig, AutoProcessor, GenerationConfig
+
+from tessera.adapters.base import (
+    AttentionRules,
+    ChatMessageDict,
+    ItemPlacement,
+    KVShape,
+    LoadOptions,
+    MediaInput,
+    ModelPart,
+    PackedMedia,
+    PartNotLoadedError,
+)
+from tessera.hashing import model_fingerprint
+from tessera.media import ProcessingOptions
+from tessera.placeholders import Modality, PlaceholderRange
+
+
+class HFFamily:
+    """A multimodal transformers checkpoint `model.model.{<media modules>, language_model}`
+    with `model.lm_head`."""
+
+    name: ClassVar[str]
+    architectures: ClassVar[tuple[str, ...]]
+    # Attributes of `model.model` that only the encoder runs (dropped elsewhere).
+    media_modules: ClassVar[tuple[str, ...]]
+    attention: ClassVar[AttentionRules] = AttentionRules()
+    # Processing options a request may set, with their accepted [min, max] values.
+    option_limits: ClassVar[Mapping[str, tuple[int, int]]] = MappingProxyType({})
+
+    def __init__(self, model_dir: Path, options: LoadOptions, fingerprint: str | None = None):
+        self.model_dir = model_dir
+        self.fingerprint = fingerprint or model_fingerprint(model_dir)
+        self.device = torch.device(options.device)
+        self.dtype = options.dtype
+        self._processor = AutoProcessor.from_pretrained(model_dir)
+        self._tokenizer = self._processor.tokenizer
+        if self._tokenizer.chat_template is None and self._processor.chat_template is None:
+            raise ValueError(f"{model_dir} has no chat template; add one to the tokenizer")
+        self._model = self._load_model(options)
+        config = self._config = self._model.config if self._model else _load_config(model_dir)
+        text = config.get_text_config()
+        self.modalities = frozenset({Modality.IMAGE})
+        self.placeholder_token_ids = {Modality.IMAGE: self._image_token_id()}
+        self.hidden_size = int(text.hidden_size)
+        self.num_planes = 1
+        self.fixed_item_rows: int | None = None
+        self.vocab_size = int(text.vocab_size)
+        self.max_model_len = int(text.max_position_embeddings)
+        self.eos_token_ids = _eos_token_ids(model_dir, self._tokenizer)
+
+    def _model_class(self) -> type:
+        import transformers
+
+        return getattr(transformers, self.architectures[0])
+
+    def _load_model(self, options: LoadOptions) -> Any:
+        wanted = options.parts & (ModelPart.MEDIA_ENCODER | ModelPart.LANGUAGE_MODEL)
+        if not wanted:
+            return None
+        attention = None
+        if options.text_attention:
+            attention = {"text_config": options.text_attention, "vision_config": "sdpa", "": "sdpa"}
+        model = self._model_class().from_pretrained(
+            self.model_dir, dtype=options.dtype, attn_implementation=attention
+        )
+        # Drop what this process will never run, so its memory is returned.
+        if ModelPart.MEDIA_ENCODER not in options.parts:
+            for module in self.media_modules:
+                setattr(model.model, module, None)
+        if ModelPart.LANGUAGE_MODEL not in options.parts:
+            model.model.language_model = None
+            model.lm_head = None
+        return model.to(options.device).eval()
+
+    def _image_token_id(self) -> int:
+        return int(self._config.image_token_id)
+
+    # -- processor side -------------------------------------------------------------
+
+    def render_prompt(self, messages: Sequence[ChatMessageDict]) -> str:
+        return self._processor.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=False
+        )
+
+    def media_marker(self, modality: Modality) -> str:
+        return self._processor.image_token
+
+    def placeholder_text(self, modality: Modality, num_rows: int) -> str:
+        return self._processor.image_token * num_rows
+
+    def tokenize(self, text: str) -> list[int]:
+        # The template writes every special token itself (as vLLM's chat path assumes).
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def processing_options(self, requested: Mapping[str, int], num_items: int) -> ProcessingOptions:
+        options = ProcessingOptions.of(requested)
+        self.check_options(options)
+        return options
+
+    def check_options(self, options: ProcessingOptions) -> None:
+        for name, value in options.values:
+            if name not in self.option_limits:
+                takes = ", ".join(sorted(self.option_limits)) or "none"
+                raise ValueError(
+                    f"processing option {name!r} is not supported by {self.name} "
+                    f"(it takes: {takes})"
+                )
+            low, high = self.option_limits[name]
+            if not low <= value <= high:
+                raise ValueError(f"processing option {name} = {value} is outside [{low}, {high}]")
+
+    def item_placement(self, item: MediaInput) -> ItemPlacement:
+        raise NotImplementedError
+
+    def decode_tokens(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    # -- media encoder side --------------------------------------------------------------
+
+    def encode(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _media_model(self) -> Any:
+        """`model.model`, when this process loaded the media encoder."""
+        loaded = self._model and getattr(self._model.model, self.media_modules[0])
+        self._require(loaded, "media encoder")
+        return self._model.model
+
+    # -- language model side ----------------------------------------------------------
+
+    def check_layout(self, item: PlaceholderRange) -> None:
+        if item.layout.grid_thw or item.layout.num_planes != self.num_planes:
+            raise ValueError(
+                f"item at offset {item.offset}: {self.name} items have no grid and "
+                f"{self.num_planes} plane(s), got grid {list(item.layout.grid_thw)} and "
+                f"{item.layout.num_planes} plane(s)"
+            )
+        if self.fixed_item_rows is not None and item.length != self.fixed_item_rows:
+            raise ValueError(
+                f"item at offset {item.offset}: {self.name} images take "
+                f"{self.fixed_item_rows} rows, not {item.length}"
+            )
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        self._language_model()
+        return self._model.get_input_embeddings()(token_ids.to(self.device))
+
+    def positions(
+        self, num_prompt_tokens: int, ranges: Sequence[PlaceholderRange], start: int, end: int
+    ) -> torch.Tensor:
+        # 1-D positions: an image row is one ordinary position.
+        return torch.arange(start, end, device=self.device).unsqueeze(0)
+
+    def kv_shape(self) -> KVShape:
+        text = self._config.get_text_config()
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        return KVShape(text.num_hidden_layers, text.num_key_value_heads, head_dim)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        media: PackedMedia | None = None,
+        **attention_kwargs: Any,
+    ) -> torch.Tensor:
+        output = self._language_model()(
+            inputs_embeds=inputs_embeds.unsqueeze(0),
+            position_ids=position_ids,
+            use_cache=False,
+            **self._media_kwargs(media),
+            **attention_kwargs,
+        )
+        return output.last_hidden_state[0]
+
+    def _media_kwargs(self, media: PackedMedia | None) -> dict[str, Any]:
+        """Extra language-model arguments for the rows' planes beyond the first."""
+        return {}
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        self._language_model()
+        logits = self._model.lm_head(hidden).float()
+        cap = getattr(self._config.get_text_config(), "final_logit_softcapping", None)
+        if cap is not None:  # Gemma: the model's own forward squashes logits so
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _language_model(self) -> torch.nn.Module:
+        return self._require(self._model and self._model.model.language_model, "language model")
+
+    def _require(self, module: Any, what: str) -> Any:
+        if module is None:
+            raise PartNotLoadedError(f"the {what} of {self.model_dir} was not loaded here")
+        return module
+
+
+def _load_config(model_dir: Path) -> Any:
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def _eos_token_ids(model_dir: Path, tokenizer: Any) -> tuple[int, ...]:
+    """EOS ids from generation_config.json (may be a list), else the tokenizer's."""
+    try:
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
