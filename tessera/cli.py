@@ -9,21 +9,26 @@ from pathlib import Path
 
 from tessera import __version__
 from tessera.config_common import env_default
+from tessera.demo_models import DEFAULT_FAMILY, DEMO_FAMILIES, DEMO_MODEL_SIZES
 
 
-def default_demo_dir() -> Path:
+def default_demo_dir(family: str = DEFAULT_FAMILY) -> Path:
     home = env_default("TESSERA_HOME", str(Path.home() / ".cache" / "tessera"))
-    return Path(home) / "demo-tiny"
+    return Path(home) / ("demo-tiny" if family == DEFAULT_FAMILY else f"demo-{family}-tiny")
 
 
-def ensure_demo_model(directory: Path) -> Path:
+def ensure_demo_model(directory: Path, family: str = DEFAULT_FAMILY) -> Path:
     if (directory / "config.json").exists():
         return directory
     from tessera.demo_models import make_demo_model
 
-    print(f"making the demo model in {directory} (first run only)", flush=True)
+    print(f"making the {family} demo model in {directory} (first run only)", flush=True)
     return make_demo_model(
-        directory, seed=0, size="tiny", progress=lambda line: print(f"  {line}", flush=True)
+        directory,
+        family=family,
+        seed=0,
+        size="tiny",
+        progress=lambda line: print(f"  {line}", flush=True),
     )
 
 
@@ -43,7 +48,10 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         routed["decoder"] += ["--max-chunk-tokens", str(args.max_chunk_tokens)]
     if args.http_port:
         routed["gateway"] += ["--http-port", str(args.http_port)]
-    model = args.model or str(ensure_demo_model(default_demo_dir()))
+    if args.model and args.family:
+        raise SystemExit("tessera serve: give --model or --family, not both")
+    family = args.family or DEFAULT_FAMILY
+    model = args.model or str(ensure_demo_model(default_demo_dir(family), family))
     serve_all(
         model,
         args.host,
@@ -79,15 +87,16 @@ def cmd_generate(args: argparse.Namespace) -> None:
     sampling = common_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     if args.seed is not None:
         sampling.seed = args.seed
+    options = {"mm_processor_kwargs": args.mm_processor_kwargs or {}}
     try:
         with Client(args.server) as client:
             if not args.json:
-                for response in client.stream([Message("user", parts)], sampling):
+                for response in client.stream([Message("user", parts)], sampling, **options):
                     if response.HasField("delta"):
                         print(response.delta.text, end="", flush=True)
                 print()
                 return
-            completion = client.complete([Message("user", parts)], sampling)
+            completion = client.complete([Message("user", parts)], sampling, **options)
     except grpc.RpcError as error:
         raise SystemExit(f"tessera generate: {error.code().name}: {error.details()}") from None
     from google.protobuf.json_format import MessageToDict
@@ -109,7 +118,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def cmd_make_demo_model(args: argparse.Namespace) -> None:
     from tessera.demo_models import make_demo_model
 
-    make_demo_model(Path(args.dir), seed=args.seed, size=args.size, progress=print)
+    make_demo_model(
+        Path(args.dir), family=args.family, seed=args.seed, size=args.size, progress=print
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
         "take it (e.g. --cache-bytes, --max-num-seqs, --device).",
     )
     serve.add_argument("--model", default=None, help="checkpoint dir or hub id (default: demo)")
+    serve.add_argument(
+        "--family",
+        choices=list(DEMO_FAMILIES),
+        default=None,
+        help=f"serve a generated demo checkpoint of this family (default: {DEFAULT_FAMILY})",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=50051, help="the gateway's gRPC port")
     serve.add_argument("--max-chunk-tokens", type=int, default=None)
@@ -169,11 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--json", action="store_true", help="print one JSON object")
+    generate.add_argument(
+        "--mm-processor-kwargs",
+        type=json.loads,
+        default=None,
+        help='processor settings for the images, as JSON, e.g. \'{"max_pixels": 200704}\'',
+    )
 
-    demo = commands.add_parser("make-demo-model", help="write a tiny random-weight LLaVA")
+    demo = commands.add_parser(
+        "make-demo-model", help="write a random-weight checkpoint of a supported family"
+    )
     demo.add_argument("dir")
+    demo.add_argument("--family", choices=list(DEMO_FAMILIES), default=DEFAULT_FAMILY)
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--size", choices=["tiny", "bench"], default="tiny")
+    demo.add_argument("--size", choices=list(DEMO_MODEL_SIZES), default="tiny")
     return parser
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -64,7 +64,9 @@ def build_request(
     cache_salt: str = "",
     stop: Sequence[str] = (),
     model: str = "",
+    mm_processor_kwargs: Mapping[str, int] | None = None,
 ) -> gateway_pb2.GenerateRequest:
+    """`mm_processor_kwargs`: processor settings for the media, e.g. {"max_pixels": N}."""
     return gateway_pb2.GenerateRequest(
         request_id=request_id,
         messages=[m.to_proto() for m in messages],
@@ -73,6 +75,7 @@ def build_request(
         cache_salt=cache_salt,
         stop=list(stop),
         model=model,
+        mm_processor_kwargs=dict(mm_processor_kwargs or {}),
     )
 
 

@@ -140,12 +140,13 @@ def atomic_chunk_end(ranges: Sequence[PlaceholderRange], start: int, end: int) -
     of the item it would cut, or, when that item starts at `start` (or before it), on
     to the item's end, so an item larger than the chunk limit gets a chunk of its own.
 
-    Example: items at [4, 20) and [24, 28), chunk limit 8 from position 0:
+    Example: items at [4, 20) and [26, 30), chunk limit 8, a prompt of 40 tokens:
 
-        [0, 4)  -> stops before the first item
-        [4, 20) -> the whole first item (16 > 8)
-        [20, 24) -> stops before the second
-        [24, 32) -> the second item and what follows
+        [0, 4)   -> stops before the first item
+        [4, 20)  -> the whole first item (16 > 8)
+        [20, 26) -> stops before the second
+        [26, 34) -> the second item and what follows
+        [34, 40)
     """
     for item in ranges:
         if item.offset < end < item.end:

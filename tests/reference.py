@@ -1,4 +1,5 @@
-"""The correctness oracle: the checkpoint's own `generate()` on the same inputs."""
+"""The correctness oracle: the checkpoint's own `generate()` on the same inputs, fed the
+family's own processor outputs (for any supported family)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 from PIL import Image
-from transformers import AutoProcessor, LlavaForConditionalGeneration
+from transformers import AutoConfig, AutoProcessor
 
 # Packed/chunked attention and one-shot attention differ by ~1e-6 in float32; a greedy
 # difference is only acceptable where the reference's top two logits are this close.
@@ -49,11 +51,23 @@ class ReferenceOutput:
 class Reference:
     def __init__(self, model_dir: Path):
         self.processor = AutoProcessor.from_pretrained(model_dir)
-        self.model = LlavaForConditionalGeneration.from_pretrained(model_dir).eval()
-        self.hidden_size = self.model.config.text_config.hidden_size
-        self.image_token_id = self.model.config.image_token_id
+        architecture = AutoConfig.from_pretrained(model_dir).architectures[0]
+        self.model = getattr(transformers, architecture).from_pretrained(model_dir).eval()
+        config = self.model.config
+        self.hidden_size = config.get_text_config().hidden_size
+        self.image_token_id = config.image_token_id
+        # Qwen3-VL's rows carry the deepstack levels beside the main plane.
+        deepstack = getattr(getattr(config, "vision_config", None), "deepstack_visual_indexes", [])
+        self.num_planes = 1 + len(deepstack or [])
 
-    def inputs(self, messages: list[tuple[str, list[str | bytes]]]) -> dict:
+    @property
+    def row_bytes(self) -> int:
+        """float32 bytes of one embedding row, every plane."""
+        return self.hidden_size * self.num_planes * 4
+
+    def inputs(
+        self, messages: list[tuple[str, list[str | bytes]]], **processor_kwargs: object
+    ) -> dict:
         text = self.processor.apply_chat_template(
             to_template(messages), add_generation_prompt=True, tokenize=False
         )
@@ -63,15 +77,24 @@ class Reference:
             for p in parts
             if isinstance(p, bytes)
         ]
+        # One sample's images as one nested list, as the chat path passes them: a flat list
+        # reads as one image per sample (LLaVA-OneVision would tile each one).
         return self.processor(
-            text=text, images=images or None, return_tensors="pt", add_special_tokens=False
+            text=text,
+            images=[images] if images else None,
+            return_tensors="pt",
+            add_special_tokens=False,
+            **processor_kwargs,
         )
 
     @torch.inference_mode()
     def generate(
-        self, messages: list[tuple[str, list[str | bytes]]], max_new_tokens: int
+        self,
+        messages: list[tuple[str, list[str | bytes]]],
+        max_new_tokens: int,
+        **processor_kwargs: object,
     ) -> ReferenceOutput:
-        inputs = self.inputs(messages)
+        inputs = self.inputs(messages, **processor_kwargs)
         out = self.model.generate(
             **inputs,
             max_new_tokens=max_new_tokens,
@@ -87,9 +110,14 @@ class Reference:
         )
 
 
-def assert_greedy_match(ours: list[int], reference: ReferenceOutput) -> None:
+# Near-ties met by assert_greedy_match, reported at the end of the session.
+NEAR_TIES: list[str] = []
+
+
+def assert_greedy_match(ours: list[int], reference: ReferenceOutput, case: str = "") -> bool:
     """Tokens must be identical; at the first difference (if any) the reference must have
-    been at a true near-tie, and then only the prefix up to it is compared."""
+    been at a true near-tie, and then only the prefix up to it is compared. Returns True
+    when a near-tie was accepted (and records it in NEAR_TIES)."""
     for step, (mine, theirs) in enumerate(zip(ours, reference.token_ids, strict=False)):
         if mine == theirs:
             continue
@@ -100,5 +128,7 @@ def assert_greedy_match(ours: list[int], reference: ReferenceOutput) -> None:
             f"reference's top-2 logit gap is {gap:.3g}, not a near-tie: a real bug\n"
             f"ours:      {ours}\nreference: {reference.token_ids}"
         )
-        return
+        NEAR_TIES.append(f"{case or 'a case'}: step {step}, top-2 gap {gap:.2g}")
+        return True
     assert len(ours) == len(reference.token_ids), (ours, reference.token_ids)
+    return False

@@ -15,6 +15,13 @@ from tessera.model_files import read_architecture, resolve_model_dir
 
 _REGISTRY: dict[str, str] = {
     "LlavaForConditionalGeneration": "tessera.adapters.llava:LlavaFamily",
+    "LlavaOnevisionForConditionalGeneration": (
+        "tessera.adapters.llava_onevision:LlavaOnevisionFamily"
+    ),
+    "Qwen2VLForConditionalGeneration": "tessera.adapters.qwen_vl:QwenVLFamily",
+    "Qwen2_5_VLForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen2_5_VLFamily",
+    "Qwen3VLForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen3VLFamily",
+    "Gemma3ForConditionalGeneration": "tessera.adapters.gemma3:Gemma3Family",
 }
 
 

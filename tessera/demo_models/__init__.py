@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tessera.demo_models.common import Progress
+if TYPE_CHECKING:  # the CLI reads the names below without importing torch
+    from tessera.demo_models.common import Progress
 
 # family name -> module with `make_demo_model(out_dir, seed, size, progress)`
 DEMO_FAMILIES: dict[str, str] = {
     "llava": "tessera.demo_models.llava",
+    "qwen2-vl": "tessera.demo_models.qwen2_vl",
+    "qwen2.5-vl": "tessera.demo_models.qwen2_5_vl",
+    "qwen3-vl": "tessera.demo_models.qwen3_vl",
+    "llava-onevision": "tessera.demo_models.llava_onevision",
+    "gemma3": "tessera.demo_models.gemma3",
 }
 DEMO_MODEL_SIZES = ("tiny", "bench")
 DEFAULT_FAMILY = "llava"

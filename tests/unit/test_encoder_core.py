@@ -37,9 +37,7 @@ class HeldFamily:
     def encode(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
         assert self.release.wait(10)
         self.batches.append(len(items))
-        return [
-            torch.full((4, 8), float(item.image.image.getpixel((0, 0))[0])) for item in items
-        ]
+        return [torch.full((4, 8), float(item.image.image.getpixel((0, 0))[0])) for item in items]
 
 
 def item(seed: int) -> EncodeItem:

@@ -13,6 +13,8 @@ from tessera.placeholders import (
     ChunkSlice,
     Modality,
     PlaceholderRange,
+    atomic_block_floor,
+    atomic_chunk_end,
     chunk_bounds,
     overlap,
     slices_for_chunk,
@@ -211,3 +213,46 @@ def test_generated_layouts_are_valid(case):
     num_tokens, items, _ = case
     ids = prompt_with_images(num_tokens, *[(item.offset, item.length) for item in items])
     validate_ranges(items, ids, IMAGE_ONLY)
+
+
+# --- items that no chunk may cut ----------------------------------------------------------
+
+
+def atomic_chunks(num_tokens: int, items: list[PlaceholderRange], chunk: int) -> list[tuple]:
+    """Chunks as the decoder cuts them for a family whose items may not be split."""
+    chunks, start = [], 0
+    while start < num_tokens:
+        end = atomic_chunk_end(items, start, min(start + chunk, num_tokens))
+        chunks.append((start, end))
+        start = end
+    return chunks
+
+
+def test_atomic_chunk_docstring_example():
+    items = [image(4, 16), image(26, 4)]
+    assert atomic_chunks(40, items, 8) == [(0, 4), (4, 20), (20, 26), (26, 34), (34, 40)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompts_with_items())
+def test_atomic_chunks_tile_the_prompt_and_never_cut_an_item(case):
+    num_tokens, items, chunk = case
+    chunks = atomic_chunks(num_tokens, items, chunk)
+    assert [start for start, _ in chunks[1:]] == [end for _, end in chunks[:-1]]
+    assert chunks[0][0] == 0 and chunks[-1][1] == num_tokens
+    for start, end in chunks:
+        assert start < end
+        for item in items:
+            assert not (start < item.offset < end < item.end), "the chunk cuts into an item"
+            assert not (item.offset < start < item.end), "a chunk starts inside an item"
+        # Only an item larger than the limit may stretch a chunk past it.
+        if end - start > chunk:
+            assert any(i.offset == start and i.end == end for i in items)
+
+
+def test_atomic_block_floor():
+    items = [image(10, 10), image(21, 19)]
+    assert atomic_block_floor(items, 2, 16) == 0  # 32 cuts the second, 16 the first
+    assert atomic_block_floor(items, 3, 16) == 3  # 48 is past both
+    assert atomic_block_floor([image(16, 8)], 1, 16) == 1  # 16 is the item's start
+    assert atomic_block_floor([], 5, 16) == 5
