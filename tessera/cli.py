@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mm-processor-kwargs",
         type=json.loads,
         default=None,
-        help='processor settings for the images, as JSON, e.g. \'{"max_pixels": 200704}\'',
+        help="processor settings for the images, as JSON, e.g. '{\"max_pixels\": 200704}'",
     )
 
     demo = commands.add_parser(
