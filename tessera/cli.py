@@ -22,7 +22,7 @@ def ensure_demo_model(directory: Path, family: str = DEFAULT_FAMILY) -> Path:
         return directory
     from tessera.demo_models import make_demo_model
 
-    print(f"making the {family} demo model in {directory} (first run only)", flush=True)
+    print(f"making the demo model ({family}) in {directory} (first run only)", flush=True)
     return make_demo_model(
         directory,
         family=family,

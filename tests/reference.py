@@ -41,6 +41,20 @@ def to_template(messages: list[tuple[str, list[str | bytes]]]) -> list[dict]:
     ]
 
 
+def to_chat_inputs(messages: list[tuple[str, list[str | bytes]]]) -> list:
+    """The same messages as the gateway's ChatInput objects (bytes are images)."""
+    from gateway.prompt import ChatInput, MediaPart, TextPart
+    from tessera.placeholders import Modality
+
+    return [
+        ChatInput(
+            role,
+            [MediaPart(Modality.IMAGE, p) if isinstance(p, bytes) else TextPart(p) for p in parts],
+        )
+        for role, parts in messages
+    ]
+
+
 @dataclass
 class ReferenceOutput:
     prompt_token_ids: list[int]

@@ -149,3 +149,12 @@ def test_make_demo_model(tmp_path):
     assert (tmp_path / "m" / "config.json").exists() and (
         tmp_path / "m" / "tokenizer.json"
     ).exists()
+
+
+def test_make_demo_model_of_another_family(tmp_path):
+    result = run_tessera("make-demo-model", str(tmp_path / "q"), "--family", "qwen2.5-vl")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
+    refused = run_tessera("make-demo-model", str(tmp_path / "x"), "--family", "nope")
+    assert refused.returncode != 0 and "invalid choice" in refused.stderr

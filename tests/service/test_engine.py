@@ -3,16 +3,25 @@ caching and cancellation, all checked against the model's own generate()."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 
 import grpc
 import pytest
 
+from decoder_service.config import DecoderConfig
+from decoder_service.main import build_engine
+from decoder_service.main import build_parser as build_decoder_parser
+from decoder_service.paged_attention import ATTENTION_NAME, PagedKVStore
+from decoder_service.request import SampledToken
+from decoder_service.spec import spec_from_proto
+from gateway.prompt import PromptBuilder
+from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.client import Client, Message
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
+from tessera.wire import range_to_proto
 from tests.cluster import Cluster
-from tests.reference import assert_greedy_match, noise_image
+from tests.reference import assert_greedy_match, noise_image, to_chat_inputs
 
 MAX_NEW_TOKENS = 10
 # Tiny demo model: one 16-token block holds 8 KiB of K/V. Twelve blocks force
@@ -62,52 +71,99 @@ def greedy(max_tokens: int = MAX_NEW_TOKENS) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(max_tokens=max_tokens)
 
 
-MIXED = [
-    # (prompt, chunk size, delay before sending in seconds)
-    ([("user", [noise_image(501, 40, 40), "Describe it."])], 3, 0.0),
-    ([("user", ["Only text, a little longer than the others, about many things."])], 5, 0.0),
-    ([("user", [noise_image(502, 30, 50), "one", noise_image(503, 50, 30), "two"])], 8, 0.0),
-    ([("system", ["Be brief."]), ("user", [noise_image(504, 44, 44), "What?"])], 16, 0.0),
-    ([("user", [noise_image(505, 20, 60), "and", noise_image(501, 40, 40), "compare"])], 7, 0.15),
-    ([("user", ["short"])], 16, 0.2),
+TEXT_PROMPTS = [
+    [("user", ["Only text, a little longer than the others, about many things we see."])],
+    [("system", ["Be brief."]), ("user", ["Describe a quiet lake under a dark sky at night."])],
+    [("user", ["Tell me about the red car and the small house near the old tree."])],
+]
+IMAGE_PROMPTS = [
+    [("user", [noise_image(501, 40, 40), "Describe it."])],
+    [("user", [noise_image(502, 30, 50), "one", noise_image(503, 50, 30), "two"])],
+    [("user", [noise_image(505, 20, 60), "and", noise_image(501, 40, 40), "compare"])],
 ]
 
 
-def test_mixed_batches_with_preemption_equal_generate(small, reference):
-    gateway = small.address("gateway")
-    results: dict[int, object] = {}
-    errors: list[BaseException] = []
+def decode_spec(family, builder, encoder: str, index: int, prompt, chunk: int):
+    """The decode request the gateway would send, as the decoder's servicer reads it."""
+    built = builder.build(to_chat_inputs(prompt))
+    message = decoder_pb2.DecodeRequest(
+        request_id=f"mixed-{index}",
+        prompt_token_ids=built.token_ids,
+        items=[
+            decoder_pb2.MediaSource(
+                range=range_to_proto(item.range), encoder_addresses=[encoder], data=item.data
+            )
+            for item in built.items
+        ],
+        sampling=greedy(),
+        max_chunk_tokens=chunk,
+    )
+    return spec_from_proto(message, family, 2048, 64, MAX_NEW_TOKENS)
 
-    def send(index: int) -> None:
-        prompt, chunk, delay = MIXED[index]
-        time.sleep(delay)
-        try:
-            with Client(gateway) as client:
-                results[index] = client.complete(
-                    [Message(r, p) for r, p in prompt], greedy(), chunk, cache_salt="mixed"
-                )
-        except BaseException as error:
-            errors.append(error)
 
-    before = decoder_stats(small.address("decoder"))
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(MIXED))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors
-    after = decoder_stats(small.address("decoder"))
+async def run_all(engine, specs) -> list[list[int]]:
+    """Every request is queued before the engine's first step, so what it schedules does
+    not depend on arrival times."""
 
-    for index, (prompt, _, _) in enumerate(MIXED):
-        expected = reference.generate(prompt, MAX_NEW_TOKENS)
-        assert results[index].prompt_token_ids == expected.prompt_token_ids
-        assert_greedy_match(results[index].token_ids, expected)
-    assert after.num_preemptions > before.num_preemptions, "the test should force preemption"
-    # Requests shared forwards: more requests ran than there were steps.
-    num_steps = after.num_steps - before.num_steps
-    assert after.num_scheduled_requests - before.num_scheduled_requests > 1.5 * num_steps
-    assert after.num_free_kv_blocks == after.num_kv_blocks
-    assert after.num_running == 0 and after.num_waiting == 0
+    async def tokens(spec) -> list[int]:
+        return [e.token_id async for e in engine.generate(spec) if isinstance(e, SampledToken)]
+
+    tasks = [asyncio.create_task(tokens(spec)) for spec in specs]
+    while len(engine.scheduler.waiting) < len(specs):
+        await asyncio.sleep(0)
+    engine.start()
+    return list(await asyncio.gather(*tasks))
+
+
+def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, reference):
+    """Three text prompts fill the KV cache exactly in the first step; the first block
+    any of them needs while decoding forces a preemption. The image prompts queue behind
+    them, and all six answers must still equal generate()'s."""
+    options = LoadOptions(
+        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
+    )
+    family = load_family(str(demo_model_dir), options)
+    builder = PromptBuilder(family, 10**8, 16)
+    encoder = cluster.address("encoder")
+    texts = [decode_spec(family, builder, encoder, i, p, 64) for i, p in enumerate(TEXT_PROMPTS)]
+    images = [
+        decode_spec(family, builder, encoder, 3 + i, p, chunk)
+        for i, (p, chunk) in enumerate(zip(IMAGE_PROMPTS, (3, 8, 16), strict=True))
+    ]
+    lengths = [len(spec.prompt_token_ids) for spec in texts]
+    assert all(length <= 64 for length in lengths), "each text prompt is one chunk"
+    assert any(length % 16 > 16 - MAX_NEW_TOKENS for length in lengths), "a block boundary"
+    num_blocks = sum(-(-length // 16) for length in lengths)
+    shape = family.kv_shape()
+    block_bytes = PagedKVStore.bytes_per_block(
+        shape.num_layers, 16, shape.num_kv_heads, shape.head_dim, family.dtype
+    )
+    args = build_decoder_parser().parse_args(
+        [
+            "--model",
+            str(demo_model_dir),
+            "--kv-cache-bytes",
+            str(num_blocks * block_bytes),
+            "--max-num-seqs",
+            "6",
+            "--max-num-batched-tokens",
+            "256",
+            "--max-chunk-tokens",
+            "64",
+        ]
+    )
+    engine = build_engine(DecoderConfig.from_args(args), family)
+    assert engine.scheduler.kv.num_blocks == num_blocks
+
+    results = asyncio.run(run_all(engine, texts + images))
+
+    assert engine.scheduler.num_preemptions > 0
+    counters = engine.counters
+    assert counters.num_scheduled_requests > 1.5 * counters.num_steps, "requests shared steps"
+    for index, prompt in enumerate(TEXT_PROMPTS + IMAGE_PROMPTS):
+        assert_greedy_match(results[index], reference.generate(prompt, MAX_NEW_TOKENS))
+    assert engine.scheduler.kv.num_free_blocks == num_blocks
+    assert not engine.scheduler.running and not engine.scheduler.waiting
 
 
 def test_prefix_cache_reuses_blocks_and_fetches_no_rows_for_them(cluster, reference):

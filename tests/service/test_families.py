@@ -19,16 +19,21 @@ import grpc
 import httpx
 import pytest
 
-from gateway.prompt import ChatInput, MediaPart, Prompt, PromptBuilder, TextPart
+from gateway.prompt import Prompt, PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.client import Client, Message
 from tessera.demo_models import DEMO_FAMILIES, make_demo_model
 from tessera.launcher import free_port
-from tessera.placeholders import Modality
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 from tessera.wire import range_to_proto
 from tests.cluster import Cluster
-from tests.reference import Reference, ReferenceOutput, assert_greedy_match, noise_image
+from tests.reference import (
+    Reference,
+    ReferenceOutput,
+    assert_greedy_match,
+    noise_image,
+    to_chat_inputs,
+)
 
 MAX_NEW_TOKENS = 8
 CHUNK_SIZES = [16, 64, 0]  # 0: unchunked (the decoder's limit, above every prompt here)
@@ -57,6 +62,7 @@ class FamilyStack:
     http_port: int
     reference: Reference
     expected: dict[str, ReferenceOutput]
+    builder: PromptBuilder  # the gateway's own prompt code, in this process
 
     @property
     def gateway(self) -> str:
@@ -80,8 +86,11 @@ def stack(request, tmp_path_factory) -> FamilyStack:
         )
         reference = Reference(model_dir)
         expected = {key: reference.generate(p, MAX_NEW_TOKENS) for key, p in PROMPTS.items()}
+        builder = PromptBuilder(
+            load_family(str(model_dir), LoadOptions(ModelPart.PROCESSOR)), 10**8, 16
+        )
         cluster.wait_ready()
-        yield FamilyStack(name, model_dir, cluster, http_port, reference, expected)
+        yield FamilyStack(name, model_dir, cluster, http_port, reference, expected, builder)
     finally:
         cluster.stop()
 
@@ -124,15 +133,9 @@ def test_greedy_tokens_equal_generate(stack, prompt, chunk):
 
 def gateway_prompt(stack: FamilyStack, prompt: str | list) -> Prompt:
     """The prompt the gateway builds for `prompt`, by the gateway's own code."""
-    family = load_family(str(stack.model_dir), LoadOptions(ModelPart.PROCESSOR))
-    chat = [
-        ChatInput(
-            role,
-            [MediaPart(Modality.IMAGE, p) if isinstance(p, bytes) else TextPart(p) for p in parts],
-        )
-        for role, parts in (PROMPTS[prompt] if isinstance(prompt, str) else prompt)
-    ]
-    return PromptBuilder(family, 10**8, 16).build(chat)
+    return stack.builder.build(
+        to_chat_inputs(PROMPTS[prompt] if isinstance(prompt, str) else prompt)
+    )
 
 
 def test_http_api_gives_the_same_tokens(stack):
@@ -158,6 +161,49 @@ def test_http_api_gives_the_same_tokens(stack):
     answer = httpx.post(url, json=body, timeout=120)
     assert answer.status_code == 200, answer.text
     assert_greedy_match(answer.json()["tessera"]["token_ids"], expected, f"{stack.name} http")
+
+
+def test_processing_options_change_rows_and_cache_entries(stack):
+    """Qwen-VL's max_pixels (vLLM's mm_processor_kwargs) changes an image's rows: the
+    output still equals generate() with the same processor setting, and the setting gets
+    a cache entry of its own. Families without options refuse them."""
+    prompt = [("user", [LARGE, "What is in this picture?"])]
+    if not stack.name.startswith("qwen"):
+        with Client(stack.gateway) as client, pytest.raises(grpc.RpcError) as refused:
+            client.complete(messages(prompt), greedy(), mm_processor_kwargs={"max_pixels": 1})
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_pixels" in refused.value.details()
+        return
+    image_processor = stack.reference.processor.image_processor
+    unit = (image_processor.patch_size * image_processor.merge_size) ** 2
+    options = {"max_pixels": 6 * unit}
+    size = {"shortest_edge": image_processor.size["shortest_edge"], "longest_edge": 6 * unit}
+    expected = stack.reference.generate(prompt, MAX_NEW_TOKENS, size=size)
+    default = stack.reference.generate(prompt, MAX_NEW_TOKENS)
+    assert len(expected.prompt_token_ids) < len(default.prompt_token_ids), "fewer rows"
+    with Client(stack.gateway) as client:
+        client.complete(messages(prompt), greedy(), cache_salt="options")  # the default entry
+        first = client.complete(
+            messages(prompt), greedy(), cache_salt="options", mm_processor_kwargs=options
+        )
+        again = client.complete(
+            messages(prompt), greedy(), cache_salt="options", mm_processor_kwargs=options
+        )
+    assert first.prompt_token_ids == expected.prompt_token_ids
+    assert_greedy_match(first.token_ids, expected, f"{stack.name} max_pixels")
+    assert first.stats.num_items_computed == 1, "another setting is another cache entry"
+    assert again.stats.num_items_computed == 0 and again.token_ids == first.token_ids
+
+
+def test_http_refuses_malformed_processing_options(stack):
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "mm_processor_kwargs": {"max_pixels": "large"},
+    }
+    url = f"http://127.0.0.1:{stack.http_port}/v1/chat/completions"
+    answer = httpx.post(url, json=body, timeout=60)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "mm_processor_kwargs"
 
 
 def test_repeated_request_comes_from_the_prefix_cache(stack):
@@ -213,19 +259,7 @@ def test_eight_mixed_requests_at_once(stack):
 
 def valid_decode_request(stack: FamilyStack, prompt: str) -> decoder_pb2.DecodeRequest:
     """The DecodeRequest the gateway would send, built by the gateway's own code."""
-    family = load_family(str(stack.model_dir), LoadOptions(ModelPart.PROCESSOR))
-    built = PromptBuilder(family, 10**8, 16).build(
-        [
-            ChatInput(
-                role,
-                [
-                    MediaPart(Modality.IMAGE, p) if isinstance(p, bytes) else TextPart(p)
-                    for p in parts
-                ],
-            )
-            for role, parts in PROMPTS[prompt]
-        ]
-    )
+    built = gateway_prompt(stack, prompt)
     return decoder_pb2.DecodeRequest(
         request_id=f"direct-{prompt}",
         prompt_token_ids=built.token_ids,

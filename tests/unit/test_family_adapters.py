@@ -1,0 +1,62 @@
+"""Every family's adapter, on its demo checkpoint: the rows the front door promises are
+the rows the encoder makes, whatever else is in the batch; layouts the decoder is sent
+are checked against them; options a family does not take are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tessera.adapters import LoadOptions, MediaInput, ModelPart, load_family
+from tessera.demo_models import DEMO_FAMILIES, make_demo_model
+from tessera.media import ProcessingOptions, decode_image
+from tessera.placeholders import ItemLayout, Modality, PlaceholderRange
+from tests.reference import noise_image
+
+IMAGES = [noise_image(21, 60, 45), noise_image(22, 130, 40), noise_image(23, 30, 90)]
+
+
+@pytest.fixture(scope="module", params=list(DEMO_FAMILIES))
+def family(request, tmp_path_factory):
+    model_dir = make_demo_model(tmp_path_factory.mktemp(request.param), family=request.param)
+    parts = ModelPart.PROCESSOR | ModelPart.MEDIA_ENCODER
+    return load_family(str(model_dir), LoadOptions(parts))
+
+
+@pytest.mark.parametrize("num_items", [1, 3])
+def test_rows_are_what_the_placement_promised_alone_and_batched(family, num_items):
+    options = family.processing_options({}, num_items)
+    items = [MediaInput(decode_image(data), options) for data in IMAGES]
+    together = family.encode(items)
+    width = family.hidden_size * family.num_planes
+    for item, rows in zip(items, together, strict=True):
+        placement = family.item_placement(item)
+        assert rows.shape == (placement.num_rows, width)
+        assert placement.layout.num_planes == family.num_planes
+        alone = family.encode([item])[0]
+        torch.testing.assert_close(alone, rows, atol=1e-5, rtol=1e-5)
+        family.check_layout(
+            PlaceholderRange(Modality.IMAGE, "0" * 64, 0, placement.num_rows, placement.layout)
+        )
+
+
+def test_a_layout_that_does_not_fit_is_refused(family):
+    options = family.processing_options({}, 1)
+    placement = family.item_placement(MediaInput(decode_image(IMAGES[0]), options))
+    wrong = [
+        PlaceholderRange(Modality.IMAGE, "0" * 64, 0, placement.num_rows, bad)
+        for bad in (
+            ItemLayout(placement.layout.grid_thw, num_planes=family.num_planes + 1),
+            ItemLayout((1, 2, 4) if not placement.layout.grid_thw else (), num_planes=1),
+        )
+    ]
+    for item in wrong:
+        with pytest.raises(ValueError, match="item at offset 0"):
+            family.check_layout(item)
+
+
+def test_unknown_processing_options_are_refused(family):
+    with pytest.raises(ValueError, match="no_such_option"):
+        family.processing_options({"no_such_option": 1}, 1)
+    with pytest.raises(ValueError):
+        family.check_options(ProcessingOptions.of({"no_such_option": 1}))
