@@ -13,15 +13,15 @@ from pathlib import Path
 import torch
 
 
-def bench_model(model: str | None) -> str:
-    """The given checkpoint, or a fresh `bench` demo model."""
+def bench_model(model: str | None, family: str) -> str:
+    """The given checkpoint, or a fresh `bench` demo model of `family`."""
     if model:
         return model
     from tessera.demo_models import make_demo_model
 
-    print("making the bench demo model")
-    directory = Path(tempfile.mkdtemp(prefix="tessera-bench-")) / "bench"
-    return str(make_demo_model(directory, seed=0, size="bench"))
+    print(f"making the {family} bench demo model")
+    directory = Path(tempfile.mkdtemp(prefix="tessera-bench-")) / f"bench-{family}"
+    return str(make_demo_model(directory, family=family, seed=0, size="bench"))
 
 
 def environment(model: str, argv: list[str]) -> dict[str, object]:

@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers import DynamicCache
@@ -36,17 +38,6 @@ class _Clock(BaseStreamer):
 
     def end(self) -> None:
         pass
-
-
-def image_ranges(
-    input_ids: list[int], image_token_id: int, rows_per_image: int
-) -> list[tuple[int, int]]:
-    """(offset, length) of each image's placeholder rows, in prompt order (adjacent
-    images make one run of placeholders, cut every `rows_per_image`)."""
-    positions = [p for p, token in enumerate(input_ids) if token == image_token_id]
-    if len(positions) % rows_per_image:
-        raise ValueError(f"{len(positions)} placeholders is no multiple of {rows_per_image}")
-    return [(positions[i], rows_per_image) for i in range(0, len(positions), rows_per_image)]
 
 
 def queue_waits(outcomes: Sequence[Outcome], concurrency: int) -> None:
@@ -115,7 +106,19 @@ class HfGenerate(InProcessArm):
         )
 
 
+@dataclass(frozen=True)
+class _Item:
+    """One image of a prompt: its placeholder rows and how to encode it alone."""
+
+    offset: int
+    length: int
+    encode: Callable[[], tuple[torch.Tensor, list[torch.Tensor]]]  # rows, deepstack levels
+
+
 class ReencodePerChunk(InProcessArm):
+    """LLaVA-1.5 and Qwen-VL (1-D or multimodal RoPE, deepstack): the families whose
+    prefill may be cut anywhere; others (bidirectional or tiled images) are not offered."""
+
     name = "reencode-per-chunk"
 
     def __init__(self, reference: Reference):
@@ -125,19 +128,83 @@ class ReencodePerChunk(InProcessArm):
         self.lm_head = model.lm_head
         self.embed = model.get_input_embeddings()
         self.config = model.config
+        self.mrope = hasattr(model.model, "get_rope_index")
 
-    def _encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """One vision-tower pass over one image: its [rows, hidden] placeholder rows."""
-        return self.reference.model.model.get_image_features(
+    @staticmethod
+    def supports(reference: Reference) -> bool:
+        return type(reference.model).__name__ in {
+            "LlavaForConditionalGeneration",
+            "Qwen2VLForConditionalGeneration",
+            "Qwen2_5_VLForConditionalGeneration",
+            "Qwen3VLForConditionalGeneration",
+        }
+
+    def _items(self, inputs: dict, prompt: list[int]) -> list[_Item]:
+        """Each image's range (its placeholder positions, in order) and its encoder."""
+        positions = [p for p, t in enumerate(prompt) if t == self.reference.image_token_id]
+        model = self.reference.model.model
+        if not self.mrope:  # LLaVA: a fixed number of rows, one pixel tensor per image
+            rows = [self.config.image_seq_length] * len(inputs.get("pixel_values", []))
+            pixels = [inputs["pixel_values"][i : i + 1] for i in range(len(rows))]
+            encoders = [partial(self._encode_llava, model, pixel_values) for pixel_values in pixels]
+        else:  # Qwen-VL: rows and patches from each image's grid
+            grids = inputs.get("image_grid_thw", torch.empty(0, 3, dtype=torch.long))
+            merge = self.config.vision_config.spatial_merge_size
+            rows = [int(g.prod()) // merge**2 for g in grids]
+            patches = (
+                torch.split(inputs["pixel_values"], [int(g.prod()) for g in grids])
+                if len(grids)
+                else []
+            )
+            encoders = [
+                partial(self._encode_qwen, model, pv, grids[i : i + 1])
+                for i, pv in enumerate(patches)
+            ]
+        items, cursor = [], 0
+        for length, encode in zip(rows, encoders, strict=True):
+            items.append(_Item(positions[cursor], length, encode))
+            cursor += length
+        if cursor != len(positions):
+            raise ValueError(f"{len(positions)} placeholders, but the images have {cursor} rows")
+        return items
+
+    def _encode_llava(self, model, pixel_values: torch.Tensor):
+        rows = model.get_image_features(
             pixel_values=pixel_values,
             vision_feature_layer=self.config.vision_feature_layer,
             vision_feature_select_strategy=self.config.vision_feature_select_strategy,
         ).pooler_output[0]
+        return rows, []
 
-    def _forward(self, embeds: torch.Tensor, start: int, cache: DynamicCache) -> torch.Tensor:
-        positions = torch.arange(start, start + embeds.shape[1]).unsqueeze(0)
+    @staticmethod
+    def _encode_qwen(model, pixel_values: torch.Tensor, grid: torch.Tensor):
+        features = model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
+        levels = getattr(features, "deepstack_features", None) or []
+        return features.pooler_output[0], [level[0] for level in levels]
+
+    def _positions(self, inputs: dict, num_prompt: int):
+        """A function of (start, end) giving the positions of those sequence indices."""
+        if not self.mrope:
+            return lambda start, end: torch.arange(start, end).unsqueeze(0)
+        ids = inputs["input_ids"]
+        if "image_grid_thw" not in inputs:
+            return lambda start, end: torch.arange(start, end).expand(3, 1, -1)
+        whole, delta = self.reference.model.model.get_rope_index(
+            ids,
+            mm_token_type_ids=inputs["mm_token_type_ids"],
+            image_grid_thw=inputs["image_grid_thw"],
+        )
+
+        def positions(start: int, end: int) -> torch.Tensor:
+            if end <= num_prompt:
+                return whole[:, :, start:end]
+            return (torch.arange(start, end) + int(delta)).expand(3, 1, -1)
+
+        return positions
+
+    def _forward(self, embeds, positions, cache: DynamicCache, deepstack: dict) -> torch.Tensor:
         hidden = self.language_model(
-            inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True
+            inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, **deepstack
         ).last_hidden_state
         return self.lm_head(hidden[:, -1]).float()[0]
 
@@ -147,22 +214,35 @@ class ReencodePerChunk(InProcessArm):
         inputs = self.reference.inputs(request.messages)
         ids = inputs["input_ids"]
         prompt = ids[0].tolist()
-        ranges = image_ranges(prompt, self.reference.image_token_id, self.config.image_seq_length)
-        pixel_values = inputs.get("pixel_values")
-        cache = DynamicCache(config=self.config.text_config)
+        items = self._items(inputs, prompt)
+        positions = self._positions(inputs, len(prompt))
+        cache = DynamicCache(config=self.config.get_text_config())
         passes = 0
         logits = None
         for start in range(0, len(prompt), request.chunk_tokens):
             end = min(start + request.chunk_tokens, len(prompt))
             embeds = self.embed(ids[:, start:end])
-            for index, (offset, length) in enumerate(ranges):
-                hit = overlap(start, end, offset, offset + length)
+            mask = torch.zeros(1, end - start, dtype=torch.bool)
+            levels: list[list[torch.Tensor]] = []
+            for item in items:
+                hit = overlap(start, end, item.offset, item.offset + item.length)
                 if hit is None:
                     continue
-                rows = self._encode(pixel_values[index : index + 1])
+                rows, deep = item.encode()
                 passes += 1
-                embeds[0, hit[0] - start : hit[1] - start] = rows[hit[0] - offset : hit[1] - offset]
-            logits = self._forward(embeds, start, cache)
+                first, last = hit[0] - item.offset, hit[1] - item.offset
+                embeds[0, hit[0] - start : hit[1] - start] = rows[first:last]
+                mask[0, hit[0] - start : hit[1] - start] = True
+                levels.append([level[first:last] for level in deep])
+            deepstack = {}
+            if levels and levels[0]:  # Qwen3-VL: the chunk's rows of every level
+                deepstack = {
+                    "visual_pos_masks": mask,
+                    "deepstack_visual_embeds": [
+                        torch.cat(parts) for parts in zip(*levels, strict=True)
+                    ],
+                }
+            logits = self._forward(embeds, positions(start, end), cache, deepstack)
         tokens: list[int] = []
         times: list[float] = []
         eos = self.reference.model.generation_config.eos_token_id
@@ -174,7 +254,8 @@ class ReencodePerChunk(InProcessArm):
             if len(tokens) >= request.max_tokens or token in eos_ids:
                 break
             embeds = self.embed(torch.tensor([[token]]))
-            logits = self._forward(embeds, len(prompt) + len(tokens) - 1, cache)
+            index = len(prompt) + len(tokens) - 1
+            logits = self._forward(embeds, positions(index, index + 1), cache, {})
         return Outcome.from_times(
             token_ids=tokens,
             prompt_token_ids=prompt,

@@ -1,6 +1,7 @@
 """`make bench`: Tessera and every baseline side by side, on the same seeded requests.
 
-    python -m benchmarks.run [--quick] [--model M] [--out DIR] [--redis-url URL]
+    python -m benchmarks.run [--quick] [--family NAME | --model M] [--image-sides MIN MAX]
+                             [--out DIR] [--redis-url URL]
                              [--suites arms chunks poisson latency wire growth fleet]
 
 Arms: hf-generate (generate() in this process), reencode-per-chunk (chunked prefill that
@@ -32,6 +33,10 @@ from tests.redis_server import PrivateRedis
 from tests.reference import Reference
 
 SUITES = ["arms", "chunks", "poisson", "latency", "wire", "growth", "fleet"]
+# Image sides (min, max) in px drawn by the workloads, by family: dynamic-resolution
+# families get images from 200 px to 1500 px (Qwen2.5-VL bench: ~50 to ~2500 rows).
+IMAGE_SIDES = {"qwen2-vl": (200, 1500), "qwen2.5-vl": (200, 1500), "qwen3-vl": (200, 1500)}
+DEFAULT_IMAGE_SIDES = (96, 320)
 # Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
 # request names its chunk size.
 DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
@@ -41,7 +46,7 @@ DECODER_FLAGS += ["--max-num-seqs", "16"]
 class Bench:
     def __init__(self, args: argparse.Namespace, scale: Scale):
         self.args, self.scale = args, scale
-        self.model = bench_model(args.model)
+        self.model = bench_model(args.model, args.family)
         self.env = environment(self.model, sys.argv[1:])
         print(f"environment: {json.dumps(self.env)}", flush=True)
         self.cluster = Cluster()
@@ -76,11 +81,17 @@ class Bench:
         print(f"  ready in {time.perf_counter() - started:.0f}s", flush=True)
         reference = Reference(Path(model))
         self.hf = HfGenerate(reference)
-        self.reencode = ReencodePerChunk(reference)
+        self.reencode = (
+            ReencodePerChunk(reference) if ReencodePerChunk.supports(reference) else None
+        )
+        sides = self.args.image_sides or IMAGE_SIDES.get(self.args.family, DEFAULT_IMAGE_SIDES)
+        self.env["image_sides"] = list(sides)
         self.runner = CellRunner(
-            References(self.hf), ModelShape(reference.image_token_id, reference.hidden_size)
+            References(self.hf),
+            ModelShape(reference.image_token_id, reference.row_bytes, tuple(sides)),
         )
         self.arms = [self.hf, self.reencode, self.whole, self.no_cache, self.tessera]
+        self.arms = [arm for arm in self.arms if arm is not None]
         warm = Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1)
         self.runner.closed_loop("warm-up", warm, self.arms, 2)
 
@@ -181,6 +192,7 @@ class Bench:
             output_tokens=(4, 4),
             seed=400,
         )
+        long_prompts = self.runner.with_default_side(long_prompts)
         self.latency = [
             latency.measure(self.tessera, chunk, long_prompts)
             for chunk in self.scale.latency_chunks
@@ -274,6 +286,18 @@ class Bench:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint (default: a fresh bench demo model)")
+    parser.add_argument(
+        "--family",
+        default="llava",
+        help="family of the bench demo model made when no --model is given (default: llava)",
+    )
+    parser.add_argument(
+        "--image-sides",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="image sides in px the workloads draw from (default: by family)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer requests (< 5 minutes)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--redis-url", help="the tessera arm's encoder also uses this Redis")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from benchmarks.common import Progress
 from benchmarks.figures import ArmFigures, CellResult
@@ -38,7 +38,9 @@ class References:
 @dataclass(frozen=True)
 class ModelShape:
     image_token_id: int
-    hidden_size: int
+    row_bytes: int  # float32 bytes of one embedding row, every plane
+    # Image sides (min, max) in px of workloads that do not set their own.
+    image_side: tuple[int, int]
 
 
 def _groups(requests: list[BenchRequest], size: int) -> list[list[BenchRequest]]:
@@ -57,6 +59,9 @@ class CellRunner:
         self.prompt_lengths: dict[str, int] = {}
         self.num_checked = 0  # (request, arm) outputs compared with generate()'s
         self.num_cross_checked = 0  # ... compared only with the other arms' (all equal)
+
+    def with_default_side(self, spec: Spec) -> Spec:
+        return spec if spec.image_side else replace(spec, image_side=self.shape.image_side)
 
     def _start(self, arms: Sequence[Arm], requests: list[BenchRequest]):
         unique = len({image for request in requests for image in request.images})
@@ -78,7 +83,7 @@ class CellRunner:
                 figures.add_bytes(
                     outcome.embedding_bytes,
                     outcome.minimum_embedding_bytes(
-                        self.shape.image_token_id, self.shape.hidden_size
+                        self.shape.image_token_id, self.shape.row_bytes
                     ),
                 )
 
@@ -150,6 +155,7 @@ class CellRunner:
     ) -> CellResult:
         """Every arm over the workload's requests with `concurrency` clients; arms take
         turns group by group, in rotated order."""
+        spec = self.with_default_side(spec)
         requests = requests_for(spec)
         groups = _groups(requests, group_size or max(concurrency, 4))
         progress = Progress(len(groups) * len(arms), name)
@@ -169,6 +175,7 @@ class CellRunner:
     ) -> CellResult:
         """Poisson arrivals at `rate` requests/s; the schedule is cut into segments of
         `segment` requests, and the arms take turns segment by segment."""
+        spec = self.with_default_side(spec)
         requests = requests_for(spec)
         rng = random.Random(spec.seed)
         groups = _groups(requests, segment)

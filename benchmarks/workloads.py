@@ -60,7 +60,8 @@ class Spec:
     output_tokens: tuple[int, int] = (16, 16)
     chunk_tokens: int = 128
     seed: int = 0
-    image_side: tuple[int, int] = (96, 320)
+    # (min, max) side in px of the images drawn; None: the run's default for its family.
+    image_side: tuple[int, int] | None = None
     turns: int = 1  # > 1: multi-turn conversations, num_requests = conversations x turns
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -84,7 +85,9 @@ def _text(rng: random.Random, low: int, high: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
 
 
-def _image(rng: random.Random, seed: int, sides: tuple[int, int]) -> bytes:
+def _image(rng: random.Random, seed: int, sides: tuple[int, int] | None) -> bytes:
+    if sides is None:
+        raise ValueError("the workload has no image sides; give the spec its run's default")
     return noise_image(seed, rng.randint(*sides), rng.randint(*sides))
 
 

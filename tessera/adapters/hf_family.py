@@ -135,6 +135,13 @@ class HFFamily:
     def encode(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def _pixel_values(self, items: Sequence[MediaInput]) -> torch.Tensor:
+        """The image processor's pixel values of fixed-size items, on this device."""
+        processed = self._processor.image_processor(
+            [item.image.image for item in items], return_tensors="pt"
+        )
+        return processed["pixel_values"].to(self.device, self.dtype)
+
     def _media_model(self) -> Any:
         """`model.model`, when this process loaded the media encoder."""
         loaded = self._model and getattr(self._model.model, self.media_modules[0])

@@ -23,13 +23,13 @@ class LlavaFamily(HFFamily):
 
     @torch.inference_mode()
     def encode(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
-        model = self._media_model()
-        pixel_values = self._processor.image_processor(
-            [item.image.image for item in items], return_tensors="pt"
-        )["pixel_values"].to(self.device, self.dtype)
-        features = model.get_image_features(
-            pixel_values=pixel_values,
-            vision_feature_layer=self._config.vision_feature_layer,
-            vision_feature_select_strategy=self._config.vision_feature_select_strategy,
-        ).pooler_output
+        features = (
+            self._media_model()
+            .get_image_features(
+                pixel_values=self._pixel_values(items),
+                vision_feature_layer=self._config.vision_feature_layer,
+                vision_feature_select_strategy=self._config.vision_feature_select_strategy,
+            )
+            .pooler_output
+        )
         return [rows.to(self.dtype) for rows in features]

@@ -158,3 +158,14 @@ def test_make_demo_model_of_another_family(tmp_path):
     assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
     refused = run_tessera("make-demo-model", str(tmp_path / "x"), "--family", "nope")
     assert refused.returncode != 0 and "invalid choice" in refused.stderr
+
+
+def test_serve_takes_a_model_or_a_demo_family(tmp_path):
+    refused = run_tessera("serve", "--model", "m", "--family", "gemma3")
+    assert refused.returncode != 0 and "not both" in refused.stderr
+    from tessera.cli import default_demo_dir, ensure_demo_model
+
+    made = ensure_demo_model(tmp_path / "demo", "gemma3")
+    config = json.loads((made / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForConditionalGeneration"]
+    assert default_demo_dir("gemma3") != default_demo_dir()
