@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,71 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TextSize:
+    """Shape of a demo language model."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    max_positions: int
+
+    def config_kwargs(self) -> dict[str, int]:
+        """The sizes as transformers text configs name them."""
+        return {
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "max_position_embeddings": self.max_positions,
+        }
+
+
+@dataclass(frozen=True)
+class VisionSize:
+    """Shape of a demo ViT (CLIP or SigLIP) over square images of `image_side` px."""
+
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    image_side: int
+    patch_size: int
+
+    @property
+    def patches_per_image(self) -> int:
+        return (self.image_side // self.patch_size) ** 2
+
+    def config_kwargs(self) -> dict[str, int]:
+        """The sizes as transformers vision configs name them."""
+        return {
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "image_size": self.image_side,
+            "patch_size": self.patch_size,
+        }
+
+
+# Milliseconds per step on CPU: for unit tests. The vision width differs from the text
+# width so that a missing projector shows up as a shape error.
+TINY_TEXT = TextSize(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, max_positions=2048)
+TINY_VISION = VisionSize(
+    hidden=32, layers=2, heads=2, intermediate=64, image_side=56, patch_size=14
+)
+# Big enough that encoding, prefill and RPC costs are measurable: for benchmarks.
+BENCH_TEXT = TextSize(
+    hidden=512, layers=4, heads=8, kv_heads=4, intermediate=1536, max_positions=4096
+)
+BENCH_VISION = VisionSize(
+    hidden=512, layers=4, heads=8, intermediate=2048, image_side=224, patch_size=14
+)
 
 TOKENIZER_VOCAB_SIZE = 1536
 # Std of the random logits; large enough that top-1/top-2 near-ties are rare.

@@ -25,7 +25,13 @@ from transformers import (
 )
 
 from tessera.demo_models.common import (
+    BENCH_TEXT,
+    BENCH_VISION,
+    TINY_TEXT,
+    TINY_VISION,
     Progress,
+    TextSize,
+    VisionSize,
     build_tokenizer,
     check_size,
     greedy_generation_config,
@@ -103,20 +109,10 @@ CHAT_TEMPLATE = (
 class DemoModelSize:
     """Shape of a demo checkpoint: text (Gemma 3) and vision (SigLIP) towers."""
 
-    text_hidden: int
-    text_layers: int
-    text_heads: int
-    text_kv_heads: int
+    text: TextSize
+    vision: VisionSize
     head_dim: int
-    text_intermediate: int
-    max_positions: int
     sliding_window: int
-    vision_hidden: int
-    vision_layers: int
-    vision_heads: int
-    vision_intermediate: int
-    image_side: int
-    patch_size: int
     mm_tokens_per_image: int  # a square dividing (image_side / patch_size) ** 2
 
     @property
@@ -124,48 +120,20 @@ class DemoModelSize:
         """Sliding-window layers with every second one global (the real 5:1, compressed)."""
         return [
             "full_attention" if (i + 1) % 2 == 0 else "sliding_attention"
-            for i in range(self.text_layers)
+            for i in range(self.text.layers)
         ]
 
 
 DEMO_SIZES: dict[str, DemoModelSize] = {
-    # Milliseconds per step on CPU: for unit tests. A window of 24 tokens is shorter than
-    # an image block (16 soft tokens + markers + blank lines) plus a question, so prompts
-    # of 60-120 tokens exercise the sliding layers.
+    # A window of 24 tokens is shorter than an image block (16 soft tokens + markers +
+    # blank lines) plus a question, so prompts of 60-120 tokens exercise the sliding
+    # layers. 4x4 patches, pooling kernel 1.
     "tiny": DemoModelSize(
-        text_hidden=64,
-        text_layers=2,
-        text_heads=4,
-        text_kv_heads=2,
-        head_dim=16,
-        text_intermediate=128,
-        max_positions=2048,
-        sliding_window=24,
-        vision_hidden=32,
-        vision_layers=2,
-        vision_heads=2,
-        vision_intermediate=64,
-        image_side=56,
-        patch_size=14,
-        mm_tokens_per_image=16,  # 4x4 patches, pooling kernel 1
+        TINY_TEXT, TINY_VISION, head_dim=16, sliding_window=24, mm_tokens_per_image=16
     ),
-    # Big enough that encoding, prefill and RPC costs are measurable: for benchmarks.
+    # 16x16 patches average-pooled 2x2, as the real 64x64 -> 16x16.
     "bench": DemoModelSize(
-        text_hidden=512,
-        text_layers=4,
-        text_heads=8,
-        text_kv_heads=4,
-        head_dim=64,
-        text_intermediate=1536,
-        max_positions=4096,
-        sliding_window=512,
-        vision_hidden=512,
-        vision_layers=4,
-        vision_heads=8,
-        vision_intermediate=2048,
-        image_side=224,
-        patch_size=14,
-        mm_tokens_per_image=64,  # 16x16 patches average-pooled 2x2, as the real 64x64 -> 16x16
+        BENCH_TEXT, BENCH_VISION, head_dim=64, sliding_window=512, mm_tokens_per_image=64
     ),
 }
 
@@ -190,14 +158,9 @@ def build_tokenizer_for_gemma3() -> PreTrainedTokenizerFast:
 def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> Gemma3Config:
     text = Gemma3TextConfig(
         vocab_size=len(tok),
-        hidden_size=spec.text_hidden,
-        intermediate_size=spec.text_intermediate,
-        num_hidden_layers=spec.text_layers,
-        num_attention_heads=spec.text_heads,
-        num_key_value_heads=spec.text_kv_heads,
+        **spec.text.config_kwargs(),
         head_dim=spec.head_dim,
         query_pre_attn_scalar=spec.head_dim,
-        max_position_embeddings=spec.max_positions,
         sliding_window=spec.sliding_window,
         layer_types=spec.layer_types,
         attn_logit_softcapping=None,
@@ -208,12 +171,7 @@ def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> Gemma3Co
         tie_word_embeddings=False,
     )
     vision = SiglipVisionConfig(
-        hidden_size=spec.vision_hidden,
-        intermediate_size=spec.vision_intermediate,
-        num_hidden_layers=spec.vision_layers,
-        num_attention_heads=spec.vision_heads,
-        image_size=spec.image_side,
-        patch_size=spec.patch_size,
+        **spec.vision.config_kwargs(),
         vision_use_head=False,
     )
     return Gemma3Config(
@@ -252,7 +210,7 @@ def build_demo_model(
 
     say("training tokenizer")
     tok = build_tokenizer_for_gemma3()
-    tok.model_max_length = spec.max_positions
+    tok.model_max_length = spec.text.max_positions
 
     say(f"building {size} gemma3 model (seed {seed})")
     config = _build_config(spec, tok)
@@ -282,7 +240,8 @@ def build_demo_model(
 
     processor = Gemma3Processor(
         image_processor=Gemma3ImageProcessor(
-            size={"height": spec.image_side, "width": spec.image_side}, do_pan_and_scan=False
+            size={"height": spec.vision.image_side, "width": spec.vision.image_side},
+            do_pan_and_scan=False,
         ),
         tokenizer=tok,
         chat_template=CHAT_TEMPLATE,

@@ -18,7 +18,13 @@ from transformers import (
 )
 
 from tessera.demo_models.common import (
+    BENCH_TEXT,
+    BENCH_VISION,
+    TINY_TEXT,
+    TINY_VISION,
     Progress,
+    TextSize,
+    VisionSize,
     build_tokenizer,
     check_size,
     greedy_generation_config,
@@ -63,57 +69,18 @@ CHAT_TEMPLATE = (
 class DemoModelSize:
     """Shape of a demo checkpoint: text (Llama) and vision (CLIP) towers."""
 
-    text_hidden: int
-    text_layers: int
-    text_heads: int
-    text_kv_heads: int
-    text_intermediate: int
-    max_positions: int
-    vision_hidden: int
-    vision_layers: int
-    vision_heads: int
-    vision_intermediate: int
-    image_side: int
-    patch_size: int
+    text: TextSize
+    vision: VisionSize
 
     @property
     def image_rows(self) -> int:
         """Tokens one ``<image>`` expands to (CLS dropped: strategy "default")."""
-        return (self.image_side // self.patch_size) ** 2
+        return self.vision.patches_per_image
 
 
 DEMO_SIZES: dict[str, DemoModelSize] = {
-    # Milliseconds per step on CPU: for unit tests.
-    "tiny": DemoModelSize(
-        text_hidden=64,
-        text_layers=2,
-        text_heads=4,
-        text_kv_heads=2,
-        text_intermediate=128,
-        max_positions=2048,
-        # Vision width differs from text width so a missing projector shows up as a shape error.
-        vision_hidden=32,
-        vision_layers=2,
-        vision_heads=2,
-        vision_intermediate=64,
-        image_side=56,
-        patch_size=14,
-    ),
-    # Big enough that encoding, prefill and RPC costs are measurable: for benchmarks.
-    "bench": DemoModelSize(
-        text_hidden=512,
-        text_layers=4,
-        text_heads=8,
-        text_kv_heads=4,
-        text_intermediate=1536,
-        max_positions=4096,
-        vision_hidden=512,
-        vision_layers=4,
-        vision_heads=8,
-        vision_intermediate=2048,
-        image_side=224,
-        patch_size=14,
-    ),
+    "tiny": DemoModelSize(TINY_TEXT, TINY_VISION),
+    "bench": DemoModelSize(BENCH_TEXT, BENCH_VISION),
 }
 
 
@@ -133,25 +100,15 @@ def build_tokenizer_for_llava() -> PreTrainedTokenizerFast:
 def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> LlavaConfig:
     text = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=spec.text_hidden,
-        intermediate_size=spec.text_intermediate,
-        num_hidden_layers=spec.text_layers,
-        num_attention_heads=spec.text_heads,
-        num_key_value_heads=spec.text_kv_heads,
-        max_position_embeddings=spec.max_positions,
+        **spec.text.config_kwargs(),
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
     )
     vision = CLIPVisionConfig(
-        hidden_size=spec.vision_hidden,
-        intermediate_size=spec.vision_intermediate,
-        num_hidden_layers=spec.vision_layers,
-        num_attention_heads=spec.vision_heads,
-        image_size=spec.image_side,
-        patch_size=spec.patch_size,
-        projection_dim=spec.vision_hidden,
+        **spec.vision.config_kwargs(),
+        projection_dim=spec.vision.hidden,
     )
     return LlavaConfig(
         vision_config=vision,
@@ -176,7 +133,7 @@ def build_demo_model(
 
     say("training tokenizer")
     tok = build_tokenizer_for_llava()
-    tok.model_max_length = spec.max_positions
+    tok.model_max_length = spec.text.max_positions
 
     say(f"building {size} llava model (seed {seed})")
     config = _build_config(spec, tok)
@@ -191,11 +148,13 @@ def build_demo_model(
     )
     model.generation_config = greedy_generation_config(tok)
 
-    side = {"height": spec.image_side, "width": spec.image_side}
+    side = {"height": spec.vision.image_side, "width": spec.vision.image_side}
     processor = LlavaProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": spec.image_side}, crop_size=side),
+        image_processor=CLIPImageProcessor(
+            size={"shortest_edge": spec.vision.image_side}, crop_size=side
+        ),
         tokenizer=tok,
-        patch_size=spec.patch_size,
+        patch_size=spec.vision.patch_size,
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,  # the CLS row, dropped by the "default" strategy
         chat_template=CHAT_TEMPLATE,

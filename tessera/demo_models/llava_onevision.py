@@ -25,7 +25,13 @@ from transformers import (
 )
 
 from tessera.demo_models.common import (
+    BENCH_TEXT,
+    BENCH_VISION,
+    TINY_TEXT,
+    TINY_VISION,
     Progress,
+    TextSize,
+    VisionSize,
     build_tokenizer,
     check_size,
     greedy_generation_config,
@@ -81,68 +87,28 @@ CHAT_TEMPLATE = (
 class DemoModelSize:
     """Shape of a demo checkpoint: text (Qwen2) and vision (SigLIP) towers, anyres grid."""
 
-    text_hidden: int
-    text_layers: int
-    text_heads: int
-    text_kv_heads: int
-    text_intermediate: int
-    max_positions: int
-    vision_hidden: int
-    vision_layers: int
-    vision_heads: int
-    vision_intermediate: int
-    image_side: int
-    patch_size: int
+    text: TextSize
+    vision: VisionSize
     grid_tiles: int  # anyres resolutions: up to grid_tiles x grid_tiles tiles of image_side
 
     @property
     def base_rows(self) -> int:
         """Rows of one tile (SigLIP has no CLS row; strategy "full" keeps them all)."""
-        return (self.image_side // self.patch_size) ** 2
+        return self.vision.patches_per_image
 
     @property
     def grid_pinpoints(self) -> list[list[int]]:
         """(height, width) resolutions, height-major like the real checkpoints' list."""
-        sides = [self.image_side * n for n in range(1, self.grid_tiles + 1)]
+        sides = [self.vision.image_side * n for n in range(1, self.grid_tiles + 1)]
         return [[h, w] for h in sides for w in sides]
 
 
 DEMO_SIZES: dict[str, DemoModelSize] = {
-    # Milliseconds per step on CPU: for unit tests. A 4x4 grid of 56 px tiles lets images
-    # over 168 px a side exceed anyres_max_9 and take the model's feature downsampling.
-    "tiny": DemoModelSize(
-        text_hidden=64,
-        text_layers=2,
-        text_heads=4,
-        text_kv_heads=2,
-        text_intermediate=128,
-        max_positions=2048,
-        # Vision width differs from text width so a missing projector shows up as a shape error.
-        vision_hidden=32,
-        vision_layers=2,
-        vision_heads=2,
-        vision_intermediate=64,
-        image_side=56,
-        patch_size=14,
-        grid_tiles=4,
-    ),
-    # Big enough that encoding, prefill and RPC costs are measurable: for benchmarks.
+    # A 4x4 grid of 56 px tiles lets images over 168 px a side exceed anyres_max_9 and take
+    # the model's feature downsampling.
+    "tiny": DemoModelSize(TINY_TEXT, TINY_VISION, grid_tiles=4),
     # At most 9 tiles + the base view per image (<= 2608 rows).
-    "bench": DemoModelSize(
-        text_hidden=512,
-        text_layers=4,
-        text_heads=8,
-        text_kv_heads=4,
-        text_intermediate=1536,
-        max_positions=4096,
-        vision_hidden=512,
-        vision_layers=4,
-        vision_heads=8,
-        vision_intermediate=2048,
-        image_side=224,
-        patch_size=14,
-        grid_tiles=3,
-    ),
+    "bench": DemoModelSize(BENCH_TEXT, BENCH_VISION, grid_tiles=3),
 }
 
 
@@ -162,24 +128,14 @@ def build_tokenizer_for_llava_onevision() -> PreTrainedTokenizerFast:
 def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> LlavaOnevisionConfig:
     text = Qwen2Config(
         vocab_size=len(tok),
-        hidden_size=spec.text_hidden,
-        intermediate_size=spec.text_intermediate,
-        num_hidden_layers=spec.text_layers,
-        num_attention_heads=spec.text_heads,
-        num_key_value_heads=spec.text_kv_heads,
-        max_position_embeddings=spec.max_positions,
+        **spec.text.config_kwargs(),
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
     )
     vision = SiglipVisionConfig(
-        hidden_size=spec.vision_hidden,
-        intermediate_size=spec.vision_intermediate,
-        num_hidden_layers=spec.vision_layers,
-        num_attention_heads=spec.vision_heads,
-        image_size=spec.image_side,
-        patch_size=spec.patch_size,
+        **spec.vision.config_kwargs(),
         vision_use_head=False,
     )
     return LlavaOnevisionConfig(
@@ -197,7 +153,7 @@ def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> LlavaOne
 
 
 def _build_processor(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> LlavaOnevisionProcessor:
-    side = {"height": spec.image_side, "width": spec.image_side}
+    side = {"height": spec.vision.image_side, "width": spec.vision.image_side}
     return LlavaOnevisionProcessor(
         image_processor=LlavaOnevisionImageProcessor(
             size=side,
@@ -229,7 +185,7 @@ def build_demo_model(
 
     say("training tokenizer")
     tok = build_tokenizer_for_llava_onevision()
-    tok.model_max_length = spec.max_positions
+    tok.model_max_length = spec.text.max_positions
 
     say(f"building {size} llava-onevision model (seed {seed})")
     config = _build_config(spec, tok)
