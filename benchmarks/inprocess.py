@@ -137,6 +137,7 @@ class ReencodePerChunk(InProcessArm):
             "Qwen2VLForConditionalGeneration",
             "Qwen2_5_VLForConditionalGeneration",
             "Qwen3VLForConditionalGeneration",
+            "Qwen3VLMoeForConditionalGeneration",
         }
 
     def _items(self, inputs: dict, prompt: list[int]) -> list[_Item]:

@@ -35,7 +35,7 @@ from tests.reference import Reference
 SUITES = ["arms", "chunks", "poisson", "latency", "wire", "growth", "fleet"]
 # Image sides (min, max) in px drawn by the workloads, by family: dynamic-resolution
 # families get images from 200 px to 1500 px (Qwen2.5-VL bench: ~50 to ~2500 rows).
-IMAGE_SIDES = {"qwen2-vl": (200, 1500), "qwen2.5-vl": (200, 1500), "qwen3-vl": (200, 1500)}
+IMAGE_SIDES = {name: (200, 1500) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")}
 DEFAULT_IMAGE_SIDES = (96, 320)
 # Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
 # request names its chunk size.

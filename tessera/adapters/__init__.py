@@ -21,6 +21,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen2VLForConditionalGeneration": "tessera.adapters.qwen_vl:QwenVLFamily",
     "Qwen2_5_VLForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen2_5_VLFamily",
     "Qwen3VLForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen3VLFamily",
+    "Qwen3VLMoeForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen3VLMoeFamily",
     "Gemma3ForConditionalGeneration": "tessera.adapters.gemma3:Gemma3Family",
 }
 

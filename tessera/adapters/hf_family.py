@@ -151,11 +151,16 @@ class HFFamily:
     # -- language model side ----------------------------------------------------------
 
     def check_layout(self, item: PlaceholderRange) -> None:
-        if item.layout.grid_thw or item.layout.num_planes != self.num_planes:
+        layout = item.layout
+        if (
+            layout.grid_thw
+            or layout.spatial_merge_size != 1
+            or layout.num_planes != self.num_planes
+        ):
             raise ValueError(
                 f"item at offset {item.offset}: {self.name} items have no grid and "
-                f"{self.num_planes} plane(s), got grid {list(item.layout.grid_thw)} and "
-                f"{item.layout.num_planes} plane(s)"
+                f"{self.num_planes} plane(s), got grid {list(layout.grid_thw)} (merge "
+                f"{layout.spatial_merge_size}) and {layout.num_planes} plane(s)"
             )
         if self.fixed_item_rows is not None and item.length != self.fixed_item_rows:
             raise ValueError(

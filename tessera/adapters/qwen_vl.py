@@ -154,3 +154,11 @@ class Qwen3VLFamily(QwenVLFamily):
             "visual_pos_masks": media.mask.unsqueeze(0),
             "deepstack_visual_embeds": list(media.extra_planes.split(self.hidden_size, dim=-1)),
         }
+
+
+class Qwen3VLMoeFamily(Qwen3VLFamily):
+    """Qwen3-VL with a mixture-of-experts language model: each token is routed on its
+    own, so packing requests into one forward changes nothing."""
+
+    name = "qwen3-vl-moe"
+    architectures = ("Qwen3VLMoeForConditionalGeneration",)

@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the CLI reads the names below without importing torch
     from tessera.demo_models.common import Progress
 
-# family name -> module with `make_demo_model(out_dir, seed, size, progress)`
+# family name -> module with `make_demo_model(out_dir, seed, size, progress)`, or
+# "module:variant" for a module whose builder serves several families and takes `variant`.
 DEMO_FAMILIES: dict[str, str] = {
     "llava": "tessera.demo_models.llava",
-    "qwen2-vl": "tessera.demo_models.qwen2_vl",
-    "qwen2.5-vl": "tessera.demo_models.qwen2_5_vl",
-    "qwen3-vl": "tessera.demo_models.qwen3_vl",
+    "qwen2-vl": "tessera.demo_models.qwen_vl:qwen2-vl",
+    "qwen2.5-vl": "tessera.demo_models.qwen_vl:qwen2.5-vl",
+    "qwen3-vl": "tessera.demo_models.qwen_vl:qwen3-vl",
+    "qwen3-vl-moe": "tessera.demo_models.qwen_vl:qwen3-vl-moe",
     "llava-onevision": "tessera.demo_models.llava_onevision",
     "gemma3": "tessera.demo_models.gemma3",
 }
@@ -38,8 +40,10 @@ def make_demo_model(
     """Writes a seeded random-weight checkpoint of `family` to `out_dir`; returns it."""
     if family not in DEMO_FAMILIES:
         raise ValueError(f"unknown demo family {family!r}; choose from {', '.join(DEMO_FAMILIES)}")
-    module = importlib.import_module(DEMO_FAMILIES[family])
-    return module.make_demo_model(Path(out_dir), seed=seed, size=size, progress=progress)
+    module_name, _, variant = DEMO_FAMILIES[family].partition(":")
+    build = importlib.import_module(module_name).make_demo_model
+    extra = {"variant": variant} if variant else {}
+    return build(Path(out_dir), seed=seed, size=size, progress=progress, **extra)
 
 
 __all__ = ["DEFAULT_FAMILY", "DEMO_FAMILIES", "DEMO_MODEL_SIZES", "make_demo_model"]

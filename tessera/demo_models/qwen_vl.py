@@ -1,7 +1,7 @@
 """Demo Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints: dynamic-resolution vision tower,
 patch merger, Qwen2/Qwen3 language model with multimodal RoPE, and (Qwen3-VL) deepstack.
 
-One builder serves the three families; `VARIANTS` holds what differs between them (the
+One builder serves the four families; `VARIANTS` holds what differs between them (the
 classes, the patch size, the chat template, the mrope layout). Images are resized by the
 real processor to multiples of ``patch * merge`` within ``[min_pixels, max_pixels]``, so
 the number of rows per image depends on its size.
@@ -9,7 +9,7 @@ the number of rows per image depends on its size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from transformers import (
     Qwen2VLProcessor,
     Qwen2VLVideoProcessor,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeForConditionalGeneration,
     Qwen3VLProcessor,
     Qwen3VLVideoProcessor,
 )
@@ -86,6 +87,7 @@ VISION_MLP_RATIO = 4
 MIN_IMAGE_TOKENS = 4  # min_pixels = 4 * (patch * merge)^2, as in the real checkpoints
 # Qwen3-VL's video `size` bounds frames * height * width; the real checkpoint budgets 32 frames.
 QWEN3_VIDEO_FRAMES = 32
+MOE_EXPERTS_PER_TOKEN = 2
 
 
 _QWEN2_MROPE = {8: (2, 3, 3), 64: (16, 24, 24)}
@@ -123,6 +125,8 @@ class DemoModelSize:
     deepstack_levels: tuple[int, ...]  # Qwen3-VL
     position_embeddings: int  # Qwen3-VL, a perfect square
     max_image_tokens: int  # max_pixels = this * (patch * merge)^2; video frames: a quarter
+    moe_experts: int  # Qwen3-VL-MoE: experts per layer (2 active per token)
+    moe_intermediate: int  # Qwen3-VL-MoE: each expert's MLP width
 
     @property
     def head_dim(self) -> int:
@@ -145,6 +149,8 @@ DEMO_SIZES: dict[str, DemoModelSize] = {
         deepstack_levels=(0, 1),
         position_embeddings=256,
         max_image_tokens=64,
+        moe_experts=4,
+        moe_intermediate=64,
     ),
     # Real proportions (head_dim 128, the real mrope sections), ~50 to 2500 rows per image
     # of 200 to 1500 px: for benchmarks. The context holds four of the largest images.
@@ -162,21 +168,26 @@ DEMO_SIZES: dict[str, DemoModelSize] = {
         deepstack_levels=(1, 2, 3),
         position_embeddings=2304,
         max_image_tokens=2500,
+        moe_experts=8,
+        moe_intermediate=512,
     ),
 }
 
+_QWEN3 = Variant(
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+    patch_size=16,
+    chat_template=QWEN3_CHAT_TEMPLATE,
+    mrope_sections=_QWEN3_MROPE,
+    pixel_norm=0.5,
+)
 VARIANTS: dict[str, Variant] = {
     "qwen2-vl": Variant(Qwen2VLForConditionalGeneration, Qwen2VLProcessor),
     "qwen2.5-vl": Variant(Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor),
-    "qwen3-vl": Variant(
-        Qwen3VLForConditionalGeneration,
-        Qwen3VLProcessor,
-        Qwen3VLVideoProcessor,
-        patch_size=16,
-        chat_template=QWEN3_CHAT_TEMPLATE,
-        mrope_sections=_QWEN3_MROPE,
-        pixel_norm=0.5,
-    ),
+    "qwen3-vl": _QWEN3,
+    # The same vision tower and processor, a mixture-of-experts language model.
+    "qwen3-vl-moe": replace(_QWEN3, model_class=Qwen3VLMoeForConditionalGeneration),
 }
 
 
@@ -231,7 +242,15 @@ def _build_config(name: str, spec: DemoModelSize, tok: PreTrainedTokenizerFast) 
         }
     if name == "qwen2.5-vl":  # window attention but in the last block
         vision |= {"window_size": 112, "fullatt_block_indexes": [spec.vision_layers - 1]}
-    elif name == "qwen3-vl":
+    if name == "qwen3-vl-moe":  # every layer sparse
+        text |= {
+            "num_experts": spec.moe_experts,
+            "num_experts_per_tok": MOE_EXPERTS_PER_TOKEN,
+            "moe_intermediate_size": spec.moe_intermediate,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
+    if name.startswith("qwen3-vl"):
         text["head_dim"] = spec.head_dim
         rope["mrope_interleaved"] = True
         vision |= {
@@ -304,16 +323,32 @@ def build_demo_model(
         seed,
         silent_ids(tok),
     )
+    _reinit_experts(model.model.language_model, seed)
     model.generation_config = greedy_generation_config(tok)
     return model, _build_processor(family, spec, tok)
 
 
-def make_qwen_vl_model(
-    variant: str,
+@torch.no_grad()
+def _reinit_experts(language_model: torch.nn.Module, seed: int) -> None:
+    """Mixture-of-experts weights are 3-D parameters, not Linear layers: give them the same
+    fan-in-scaled normals, and the router too (its library init, std 0.02, makes routing
+    nearly uniform, so which experts a token gets hardly depends on the token)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    for module in language_model.modules():
+        experts = getattr(module, "experts", None)
+        router = getattr(module, "gate", None)
+        if experts is None or not hasattr(experts, "gate_up_proj"):
+            continue
+        for weight in (experts.gate_up_proj, experts.down_proj, router.weight):
+            weight.normal_(0.0, weight.shape[-1] ** -0.5, generator=gen)
+
+
+def make_demo_model(
     out_dir: Path,
     seed: int = 0,
     size: str = "tiny",
     progress: Progress | None = None,
+    variant: str = "qwen2-vl",
 ) -> Path:
     """Write a seeded random-weight `variant` checkpoint to ``out_dir`` and return it."""
     model, processor = build_demo_model(variant, seed=seed, size=size, progress=progress)

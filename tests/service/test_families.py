@@ -284,9 +284,9 @@ def bad_layouts(request: decoder_pb2.DecodeRequest) -> dict[str, decoder_pb2.Dec
     grid = list(layout.grid_thw)
     if grid:  # rows != t * h * w / merge^2
         variants["grid"] = [grid[0], grid[1], grid[2] + 2 * (layout.spatial_merge_size or 1)]
-        variants["merge"] = None
     else:  # a grid for a family whose rows have none
         variants["grid"] = [1, 4, 4]
+    variants["merge"] = None
     variants["planes"] = None
     out = {}
     for name, new_grid in variants.items():

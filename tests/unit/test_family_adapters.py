@@ -4,13 +4,15 @@ are checked against them; options a family does not take are refused."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from tessera.adapters import LoadOptions, MediaInput, ModelPart, load_family
 from tessera.demo_models import DEMO_FAMILIES, make_demo_model
 from tessera.media import ProcessingOptions, decode_image
-from tessera.placeholders import ItemLayout, Modality, PlaceholderRange
+from tessera.placeholders import Modality, PlaceholderRange
 from tests.reference import noise_image
 
 IMAGES = [noise_image(21, 60, 45), noise_image(22, 130, 40), noise_image(23, 30, 90)]
@@ -43,16 +45,19 @@ def test_rows_are_what_the_placement_promised_alone_and_batched(family, num_item
 def test_a_layout_that_does_not_fit_is_refused(family):
     options = family.processing_options({}, 1)
     placement = family.item_placement(MediaInput(decode_image(IMAGES[0]), options))
-    wrong = [
-        PlaceholderRange(Modality.IMAGE, "0" * 64, 0, placement.num_rows, bad)
-        for bad in (
-            ItemLayout(placement.layout.grid_thw, num_planes=family.num_planes + 1),
-            ItemLayout((1, 2, 4) if not placement.layout.grid_thw else (), num_planes=1),
-        )
-    ]
-    for item in wrong:
+    layout = placement.layout
+    t, h, w = layout.grid_thw or (1, 2, 2)
+    wrong = {
+        "planes": replace(layout, num_planes=layout.num_planes + 1),
+        "merge": replace(layout, spatial_merge_size=layout.spatial_merge_size + 1),
+        # Qwen-VL: a grid of other rows than the length; others: any grid at all.
+        "grid": replace(layout, grid_thw=(t, h, w + 2 * layout.spatial_merge_size)),
+    }
+    for name, bad in wrong.items():
+        item = PlaceholderRange(Modality.IMAGE, "0" * 64, 0, placement.num_rows, bad)
         with pytest.raises(ValueError, match="item at offset 0"):
             family.check_layout(item)
+            pytest.fail(f"a wrong {name} was accepted")
 
 
 def test_unknown_processing_options_are_refused(family):
