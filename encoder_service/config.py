@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from tessera.config_common import add_common_flags, add_model_flags, env_default
-from tessera.media import DEFAULT_MAX_IMAGE_PIXELS
+from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
 
 
@@ -29,7 +29,7 @@ class EncoderConfig:
     compute_lease_ms: int
     remote_wait_seconds: float
     replica_id: str | None
-    max_image_pixels: int
+    media_limits: MediaLimits
     slice_message_bytes: int
     drain_seconds: float
     model_fingerprint: str | None
@@ -38,7 +38,9 @@ class EncoderConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EncoderConfig:
-        return cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
+        names = [name for name in cls.__dataclass_fields__ if name != "media_limits"]
+        fields = {name: getattr(args, name) for name in names}
+        return cls(**{**fields, "media_limits": MediaLimits.from_args(args)})
 
 
 def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
@@ -99,12 +101,7 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replica-id", default=None, help="name in compute leases (default: host:port)"
     )
-    parser.add_argument(
-        "--max-image-pixels",
-        type=int,
-        default=DEFAULT_MAX_IMAGE_PIXELS,
-        help="larger images are refused from their header",
-    )
+    add_media_limit_flags(parser)
     parser.add_argument(
         "--slice-message-bytes",
         type=int,

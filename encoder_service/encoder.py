@@ -21,7 +21,8 @@ from encoder_service.batcher import Batcher
 from encoder_service.memory_store import Lease, MemoryStore
 from tessera.adapters import MediaInput, ModelFamily
 from tessera.hashing import is_content_hash
-from tessera.media import MediaError, ProcessingOptions, decode_image
+from tessera.media import ProcessingOptions
+from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality
 from tessera.tensor_codec import RowBlock, encode_rows
 
@@ -106,13 +107,13 @@ class EncoderCore:
         store: MemoryStore,
         max_batch_items: int,
         max_batch_wait_ms: float,
-        max_image_pixels: int,
+        limits: MediaLimits,
         shared: SharedStore | None = None,
         fleet: FleetSettings | None = None,
     ):
         self.family = family
         self.store = store
-        self.max_image_pixels = max_image_pixels
+        self.decoder = MediaDecoder.for_family(family, limits)
         self.shared = shared
         self.fleet = fleet or FleetSettings("local", 30_000, 10.0)
         self.counters = EncoderCounters()
@@ -259,11 +260,11 @@ class EncoderCore:
         decoded = []
         for index, item in enumerate(items):
             try:
-                image = decode_image(item.data, self.max_image_pixels)
-            except MediaError as error:
+                media = self.decoder.decode(item.modality, item.data)
+            except ValueError as error:
                 outcomes.append(InvalidItemError(str(error)))
                 continue
-            actual = image.content_hash(self.family.fingerprint, item.options)
+            actual = media.content_hash(self.family.fingerprint, item.options)
             if actual != item.content_hash:
                 outcomes.append(
                     InvalidItemError(
@@ -273,9 +274,12 @@ class EncoderCore:
                 )
                 continue
             outcomes.append(InvalidItemError("not encoded"))  # replaced below
-            decoded.append((index, MediaInput(image, item.options)))
-        if decoded:
-            rows = self.family.encode([media for _, media in decoded])
-            for (index, _), tensor in zip(decoded, rows, strict=True):
-                outcomes[index] = encode_rows(tensor)
+            decoded.append((index, MediaInput(media, item.options)))
+        # One forward per modality: a family's towers take one kind of input each.
+        for modality in Modality:
+            group = [(index, media) for index, media in decoded if media.modality == modality]
+            if group:
+                rows = self.family.encode([media for _, media in group])
+                for (index, _), tensor in zip(group, rows, strict=True):
+                    outcomes[index] = encode_rows(tensor)
         return outcomes

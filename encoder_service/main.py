@@ -61,7 +61,7 @@ async def run(config: EncoderConfig) -> None:
             MemoryStore(config.cache_bytes),
             config.max_batch_items,
             config.max_batch_wait_ms,
-            config.max_image_pixels,
+            config.media_limits,
             shared,
             fleet,
         )

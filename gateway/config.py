@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass
 
 from tessera.config_common import add_common_flags, add_model_flags, env_default
-from tessera.media import DEFAULT_MAX_IMAGE_PIXELS, options_from_json
+from tessera.media import options_from_json
+from tessera.media_decoder import MediaLimits, add_media_limit_flags
 
 
 def _processing_options(value: str) -> dict[str, int]:
@@ -31,7 +32,7 @@ class GatewayConfig:
     port: int
     encoders: tuple[str, ...]
     decoders: tuple[str, ...]
-    max_image_pixels: int
+    media_limits: MediaLimits
     limit_mm_per_prompt: int
     mm_processor_kwargs: dict[str, int]
     lease_ms: int
@@ -52,7 +53,9 @@ class GatewayConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
-        return cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
+        names = [name for name in cls.__dataclass_fields__ if name != "media_limits"]
+        fields = {name: getattr(args, name) for name in names}
+        return cls(**{**fields, "media_limits": MediaLimits.from_args(args)})
 
 
 def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
@@ -73,12 +76,7 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         required=env_default("TESSERA_DECODERS", None) is None,
         help="decoder addresses host:port[,...] or dns:///name:port (env TESSERA_DECODERS)",
     )
-    parser.add_argument(
-        "--max-image-pixels",
-        type=int,
-        default=DEFAULT_MAX_IMAGE_PIXELS,
-        help="larger images are refused from their header, before decoding",
-    )
+    add_media_limit_flags(parser)
     parser.add_argument(
         "--limit-mm-per-prompt", type=int, default=16, help="most media items in one request"
     )

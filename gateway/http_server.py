@@ -179,12 +179,21 @@ class HttpApi:
             413,
             "invalid_request_error",
             f"the request body is larger than {self.max_request_bytes} bytes "
-            "(--max-request-bytes); send smaller or fewer images",
+            "(--max-request-bytes); send smaller or fewer media items",
         )
 
     async def models(self, request: Request) -> Response:
+        # vLLM's shape, plus the inputs the model takes beside text, so a client can
+        # tell an audio model from an image model before sending either.
+        modalities = sorted(m.value for m in self.front.pipeline.builder.family.modalities)
         data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "tessera"}
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "tessera",
+                "input_modalities": ["text", *modalities],
+            }
             for name in self.front.model_names
         ]
         return JSONResponse({"object": "list", "data": data})

@@ -42,7 +42,7 @@ async def run(config: GatewayConfig) -> None:
         # Fails the start, not each request, when --mm-processor-kwargs is wrong.
         family.processing_options(config.mm_processor_kwargs, num_items=1)
         builder = PromptBuilder(
-            family, config.max_image_pixels, config.limit_mm_per_prompt, config.mm_processor_kwargs
+            family, config.media_limits, config.limit_mm_per_prompt, config.mm_processor_kwargs
         )
         channels = ChannelPool()
         encoders, decoders = (

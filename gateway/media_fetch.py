@@ -1,4 +1,4 @@
-"""Turning an `image_url` into bytes, safely.
+"""Turning an `image_url` or `audio_url` into bytes, safely.
 
 `data:` URLs are decoded in place. http(s) URLs are fetched only from hosts listed in
 `--allowed-media-domains`; every hop of a redirect is checked again; a host whose
@@ -50,7 +50,9 @@ def decode_data_url(url: str, max_bytes: int) -> bytes:
     """`data:image/png;base64,....` -> bytes."""
     header, comma, payload = url.partition(",")
     if not comma or not header.endswith(";base64"):
-        raise MediaURLError("a data URL must look like data:image/png;base64,<base64 data>")
+        raise MediaURLError(
+            "a data URL must look like data:<type>;base64,<base64 data> (data:audio/wav;base64,...)"
+        )
     if len(payload) * 3 // 4 > max_bytes:
         raise MediaURLError(f"the data URL holds more than {max_bytes} bytes")
     try:
@@ -88,10 +90,10 @@ async def _read_capped(response: httpx.Response, url: str, max_bytes: int) -> by
 async def check_url(url: str, policy: MediaFetchPolicy) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise MediaURLError(f"image_url {url!r}: use a data: URL or an http(s) URL")
+        raise MediaURLError(f"media URL {url!r}: use a data: URL or an http(s) URL")
     host = parts.hostname.lower()
     if host not in policy.allowed_domains:
-        allowed = ", ".join(policy.allowed_domains) or "none: send the image as a data URL"
+        allowed = ", ".join(policy.allowed_domains) or "none: send the media as a data URL"
         raise MediaURLError(f"host {host} is not an allowed media domain ({allowed})")
     if host in policy.private_hosts:
         return

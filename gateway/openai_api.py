@@ -116,22 +116,42 @@ def _part(param: str, part: Any) -> TextPart | _PendingMedia:
     if kind == "text":
         _require(isinstance(part.get("text"), str), f"{param}.text must be a string", param)
         return TextPart(part["text"])
-    if kind == "image_url":
-        image = part.get("image_url")
-        url = image.get("url") if isinstance(image, dict) else image
-        _require(isinstance(url, str) and url, f"{param}.image_url.url must be a URL", param)
-        return _PendingMedia(Modality.IMAGE, url, None, param)
+    if kind in _URL_PARTS:
+        holder = part.get(kind)
+        url = holder.get("url") if isinstance(holder, dict) else holder
+        _require(isinstance(url, str) and url, f"{param}.{kind}.url must be a URL", param)
+        return _PendingMedia(_URL_PARTS[kind], url, None, param)
     if kind == "input_audio":
-        audio = part.get("input_audio")
-        _require(isinstance(audio, dict), f"{param}.input_audio must be an object", param)
-        try:
-            data = base64.b64decode(audio.get("data") or "", validate=True)
-        except (binascii.Error, ValueError):
-            raise Rejected(f"{param}.input_audio.data must be base64", param=param) from None
-        return _PendingMedia(Modality.AUDIO, None, data, param)
+        return _PendingMedia(Modality.AUDIO, None, _input_audio(param, part), param)
     raise Rejected(
-        f"{param}.type {kind!r} is not supported; use text, image_url or input_audio", param=param
+        f"{param}.type {kind!r} is not supported; use text, image_url, input_audio or audio_url",
+        param=param,
     )
+
+
+# OpenAI's `image_url` and vLLM's `audio_url`: a data URL or an http(s) URL.
+_URL_PARTS = {"image_url": Modality.IMAGE, "audio_url": Modality.AUDIO}
+# What OpenAI's `input_audio.format` may say; the bytes are probed, so it only must be one
+# of the containers FFmpeg reads.
+AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "m4a", "aac", "webm")
+
+
+def _input_audio(param: str, part: dict) -> bytes:
+    """OpenAI's `{"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav"}}`."""
+    audio = part.get("input_audio")
+    _require(isinstance(audio, dict), f"{param}.input_audio must be an object", param)
+    unknown = sorted(set(audio) - {"data", "format"})
+    _require(not unknown, f"{param}.input_audio takes data and format, not {unknown}", param)
+    audio_format = audio.get("format", "wav")
+    _require(
+        audio_format in AUDIO_FORMATS,
+        f"{param}.input_audio.format {audio_format!r} is not one of {', '.join(AUDIO_FORMATS)}",
+        param,
+    )
+    try:
+        return base64.b64decode(audio.get("data") or "", validate=True)
+    except (binascii.Error, ValueError):
+        raise Rejected(f"{param}.input_audio.data must be base64", param=param) from None
 
 
 async def chat_request_from_body(

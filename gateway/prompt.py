@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tessera.adapters import ItemPlacement, MediaInput, ModelFamily
-from tessera.media import ProcessingOptions, decode_image
+from tessera.media import ProcessingOptions
+from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
 
 ROLES = ("system", "user", "assistant")
@@ -75,12 +76,12 @@ class PromptBuilder:
     def __init__(
         self,
         family: ModelFamily,
-        max_image_pixels: int,
+        limits: MediaLimits,
         limit_mm_per_prompt: int,
         default_processing_options: Mapping[str, int] | None = None,
     ):
         self.family = family
-        self.max_image_pixels = max_image_pixels
+        self.decoder = MediaDecoder.for_family(family, limits)
         self.limit_mm_per_prompt = limit_mm_per_prompt
         self.default_processing_options = dict(default_processing_options or {})
 
@@ -128,11 +129,11 @@ class PromptBuilder:
 
     def _prepare(self, index: int, part: MediaPart, options: ProcessingOptions) -> _PreparedItem:
         try:
-            image = decode_image(part.data, self.max_image_pixels)
-            placement = self.family.item_placement(MediaInput(image, options))
+            media = self.decoder.decode(part.modality, part.data)
+            placement = self.family.item_placement(MediaInput(media, options))
         except ValueError as error:
-            raise PromptError(f"image {index}: {error}") from None
-        content_hash = image.content_hash(self.family.fingerprint, options)
+            raise PromptError(f"{part.modality.value} {index}: {error}") from None
+        content_hash = media.content_hash(self.family.fingerprint, options)
         return _PreparedItem(part.modality, part.data, content_hash, placement, options)
 
     def _expand(self, text: str, prepared: list[_PreparedItem]) -> Prompt:

@@ -76,13 +76,14 @@ def replica_count(value: str) -> int:
 def cmd_generate(args: argparse.Namespace) -> None:
     import grpc
 
-    from tessera.client import Client, Message
+    from tessera.client import Audio, Client, Message
     from tessera.v1 import common_pb2
 
     try:
-        parts: list[str | bytes] = [Path(p).read_bytes() for p in args.image]
+        parts: list[str | bytes | Audio] = [Path(p).read_bytes() for p in args.image]
+        parts += [Audio(Path(p).read_bytes()) for p in args.audio]
     except OSError as error:
-        raise SystemExit(f"tessera generate: cannot read image: {error}") from None
+        raise SystemExit(f"tessera generate: cannot read media: {error}") from None
     parts.append(args.prompt)
     sampling = common_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     if args.seed is not None:
@@ -182,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt")
     generate.add_argument("--server", default="127.0.0.1:50051")
     generate.add_argument("--image", action="append", default=[], help="image file (repeatable)")
+    generate.add_argument(
+        "--audio",
+        action="append",
+        default=[],
+        help="audio file: WAV, FLAC, OGG, MP3, ... (repeatable; after the images)",
+    )
     generate.add_argument("--max-tokens", type=int, default=64)
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--seed", type=int, default=None)
@@ -190,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mm-processor-kwargs",
         type=json.loads,
         default=None,
-        help="processor settings for the images, as JSON, e.g. '{\"max_pixels\": 200704}'",
+        help="processor settings for the media, as JSON, e.g. '{\"max_pixels\": 200704}'",
     )
 
     demo = commands.add_parser(

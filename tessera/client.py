@@ -27,22 +27,29 @@ REQUEST_ID_KEY = "x-request-id"
 
 
 @dataclass(frozen=True)
+class Audio:
+    """A message part holding an encoded audio file (WAV, FLAC, OGG, MP3, ...)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
 class Message:
-    """A chat message: `parts` are strings (text) or bytes (an encoded image)."""
+    """A chat message: `parts` are strings (text), bytes (an encoded image) or Audio."""
 
     role: str
-    parts: Sequence[str | bytes]
+    parts: Sequence[str | bytes | Audio]
 
     def to_proto(self) -> gateway_pb2.ChatMessage:
-        return gateway_pb2.ChatMessage(
-            role=self.role,
-            content=[
-                gateway_pb2.ContentPart(text=p)
-                if isinstance(p, str)
-                else gateway_pb2.ContentPart(image=p)
-                for p in self.parts
-            ],
-        )
+        return gateway_pb2.ChatMessage(role=self.role, content=[_part(p) for p in self.parts])
+
+
+def _part(part: str | bytes | Audio) -> gateway_pb2.ContentPart:
+    if isinstance(part, str):
+        return gateway_pb2.ContentPart(text=part)
+    if isinstance(part, Audio):
+        return gateway_pb2.ContentPart(audio=part.data)
+    return gateway_pb2.ContentPart(image=part)
 
 
 @dataclass

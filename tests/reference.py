@@ -13,6 +13,8 @@ import transformers
 from PIL import Image
 from transformers import AutoConfig, AutoProcessor
 
+from tessera.client import Audio
+
 # Packed/chunked attention and one-shot attention differ by ~1e-6 in float32; a greedy
 # difference is only acceptable where the reference's top two logits are this close.
 NEAR_TIE = 1e-5
@@ -28,31 +30,48 @@ def noise_image(seed: int, width: int, height: int, mode: str = "RGB") -> bytes:
     return buffer.getvalue()
 
 
-def to_template(messages: list[tuple[str, list[str | bytes]]]) -> list[dict]:
+# A test prompt: (role, parts), each part text, an encoded image (bytes) or Audio.
+Messages = list[tuple[str, list[str | bytes | Audio]]]
+
+
+def _template_part(part: str | bytes | Audio) -> dict:
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
+    return {"type": "audio" if isinstance(part, Audio) else "image"}
+
+
+def to_template(messages: Messages) -> list[dict]:
     return [
-        {
-            "role": role,
-            "content": [
-                {"type": "text", "text": p} if isinstance(p, str) else {"type": "image"}
-                for p in parts
-            ],
-        }
-        for role, parts in messages
+        {"role": role, "content": [_template_part(p) for p in parts]} for role, parts in messages
     ]
 
 
-def to_chat_inputs(messages: list[tuple[str, list[str | bytes]]]) -> list:
-    """The same messages as the gateway's ChatInput objects (bytes are images)."""
+def to_chat_inputs(messages: Messages) -> list:
+    """The same messages as the gateway's ChatInput objects."""
     from gateway.prompt import ChatInput, MediaPart, TextPart
     from tessera.placeholders import Modality
 
-    return [
-        ChatInput(
-            role,
-            [MediaPart(Modality.IMAGE, p) if isinstance(p, bytes) else TextPart(p) for p in parts],
-        )
-        for role, parts in messages
-    ]
+    def part(p: str | bytes | Audio) -> TextPart | MediaPart:
+        if isinstance(p, str):
+            return TextPart(p)
+        if isinstance(p, Audio):
+            return MediaPart(Modality.AUDIO, p.data)
+        return MediaPart(Modality.IMAGE, p)
+
+    return [ChatInput(role, [part(p) for p in parts]) for role, parts in messages]
+
+
+def reference_audio(data: bytes, sampling_rate: int) -> np.ndarray:
+    """A clip as the reference feeds it: read by libsndfile (not the gateway's FFmpeg
+    path), channels averaged, resampled by soxr at librosa's default quality."""
+    import soundfile
+    import soxr
+
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    mono = samples.mean(axis=1, dtype=np.float64).astype(np.float32)
+    if rate == sampling_rate:
+        return mono
+    return soxr.resample(mono, rate, sampling_rate, quality="HQ").astype(np.float32)
 
 
 @dataclass
@@ -69,7 +88,10 @@ class Reference:
         self.model = getattr(transformers, architecture).from_pretrained(model_dir).eval()
         config = self.model.config
         self.hidden_size = config.get_text_config().hidden_size
-        self.image_token_id = config.image_token_id
+        # The placeholder token of the family's media (images or audio).
+        self.placeholder_token_id = getattr(config, "image_token_id", None) or getattr(
+            config, "audio_token_id", None
+        )
         # Qwen3-VL's rows carry the deepstack levels beside the main plane.
         deepstack = getattr(getattr(config, "vision_config", None), "deepstack_visual_indexes", [])
         self.num_planes = 1 + len(deepstack or [])
@@ -79,9 +101,7 @@ class Reference:
         """float32 bytes of one embedding row, every plane."""
         return self.hidden_size * self.num_planes * 4
 
-    def inputs(
-        self, messages: list[tuple[str, list[str | bytes]]], **processor_kwargs: object
-    ) -> dict:
+    def inputs(self, messages: Messages, **processor_kwargs: object) -> dict:
         text = self.processor.apply_chat_template(
             to_template(messages), add_generation_prompt=True, tokenize=False
         )
@@ -91,6 +111,14 @@ class Reference:
             for p in parts
             if isinstance(p, bytes)
         ]
+        clips = [p for _, parts in messages for p in parts if isinstance(p, Audio)]
+        if clips:
+            rate = self.processor.feature_extractor.sampling_rate
+            processor_kwargs = {
+                "audio": [reference_audio(clip.data, rate) for clip in clips],
+                "sampling_rate": rate,
+                **processor_kwargs,
+            }
         # One sample's images as one nested list, as the chat path passes them: a flat list
         # reads as one image per sample (LLaVA-OneVision would tile each one).
         return self.processor(
@@ -104,7 +132,7 @@ class Reference:
     @torch.inference_mode()
     def generate(
         self,
-        messages: list[tuple[str, list[str | bytes]]],
+        messages: Messages,
         max_new_tokens: int,
         **processor_kwargs: object,
     ) -> ReferenceOutput:

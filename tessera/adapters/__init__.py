@@ -23,6 +23,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen3VLForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen3VLFamily",
     "Qwen3VLMoeForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen3VLMoeFamily",
     "Gemma3ForConditionalGeneration": "tessera.adapters.gemma3:Gemma3Family",
+    "Qwen2AudioForConditionalGeneration": "tessera.adapters.qwen2_audio:Qwen2AudioFamily",
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
+from tessera.audio import DecodedAudio
 from tessera.media import DecodedImage, ProcessingOptions
 from tessera.placeholders import ItemLayout, Modality, PlaceholderRange
 
@@ -74,14 +75,27 @@ class AttentionRules:
 
 @dataclass(frozen=True)
 class MediaInput:
-    """A decoded item and the processing options it is encoded with."""
+    """A decoded item (an image, or a clip of audio) and the processing options it is
+    encoded with."""
 
-    image: DecodedImage
+    media: DecodedImage | DecodedAudio
     options: ProcessingOptions = field(default_factory=ProcessingOptions)
 
     @property
     def modality(self) -> Modality:
-        return Modality.IMAGE
+        return Modality.AUDIO if isinstance(self.media, DecodedAudio) else Modality.IMAGE
+
+    @property
+    def image(self) -> DecodedImage:
+        if not isinstance(self.media, DecodedImage):
+            raise TypeError(f"this item is {self.modality.value}, not an image")
+        return self.media
+
+    @property
+    def audio(self) -> DecodedAudio:
+        if not isinstance(self.media, DecodedAudio):
+            raise TypeError(f"this item is {self.modality.value}, not audio")
+        return self.media
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,10 @@ class ModelFamily(Protocol):
     attention: AttentionRules
     # Rows every item of the family takes when that is fixed (None: it depends on the item).
     fixed_item_rows: int | None
+    # Audio families: the rate their feature extractor takes (clips are resampled to it
+    # at the front door) and the longest clip they take in one item (None: no cap).
+    audio_sampling_rate: int | None
+    max_audio_seconds: float | None
     vocab_size: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]

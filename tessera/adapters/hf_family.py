@@ -54,11 +54,13 @@ class HFFamily:
         self._model = self._load_model(options)
         config = self._config = self._model.config if self._model else _load_config(model_dir)
         text = config.get_text_config()
-        self.modalities = frozenset({Modality.IMAGE})
-        self.placeholder_token_ids = {Modality.IMAGE: self._image_token_id()}
+        self.placeholder_token_ids = self._placeholder_token_ids()
+        self.modalities = frozenset(self.placeholder_token_ids)
         self.hidden_size = int(text.hidden_size)
         self.num_planes = 1
         self.fixed_item_rows: int | None = None
+        self.audio_sampling_rate: int | None = None
+        self.max_audio_seconds: float | None = None
         self.vocab_size = int(text.vocab_size)
         self.max_model_len = int(text.max_position_embeddings)
         self.eos_token_ids = _eos_token_ids(model_dir, self._tokenizer)
@@ -87,8 +89,8 @@ class HFFamily:
             model.lm_head = None
         return model.to(options.device).eval()
 
-    def _image_token_id(self) -> int:
-        return int(self._config.image_token_id)
+    def _placeholder_token_ids(self) -> dict[Modality, int]:
+        return {Modality.IMAGE: int(self._config.image_token_id)}
 
     # -- processor side -------------------------------------------------------------
 

@@ -25,7 +25,11 @@ DEMO_FAMILIES: dict[str, str] = {
     "qwen3-vl-moe": "tessera.demo_models.qwen_vl:qwen3-vl-moe",
     "llava-onevision": "tessera.demo_models.llava_onevision",
     "gemma3": "tessera.demo_models.gemma3",
+    "qwen2-audio": "tessera.demo_models.qwen2_audio",
 }
+# The demo families that take audio (the others take images).
+AUDIO_DEMO_FAMILIES = ("qwen2-audio",)
+IMAGE_DEMO_FAMILIES = tuple(f for f in DEMO_FAMILIES if f not in AUDIO_DEMO_FAMILIES)
 DEMO_MODEL_SIZES = ("tiny", "bench")
 DEFAULT_FAMILY = "llava"
 
@@ -46,4 +50,11 @@ def make_demo_model(
     return build(Path(out_dir), seed=seed, size=size, progress=progress, **extra)
 
 
-__all__ = ["DEFAULT_FAMILY", "DEMO_FAMILIES", "DEMO_MODEL_SIZES", "make_demo_model"]
+__all__ = [
+    "AUDIO_DEMO_FAMILIES",
+    "DEFAULT_FAMILY",
+    "DEMO_FAMILIES",
+    "DEMO_MODEL_SIZES",
+    "IMAGE_DEMO_FAMILIES",
+    "make_demo_model",
+]

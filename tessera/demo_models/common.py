@@ -195,6 +195,24 @@ def reinit_weights(
     head[list(silent_token_ids)] = 0.0
 
 
+@torch.no_grad()
+def reinit_audio_encoder(encoder: torch.nn.Module, seed: int) -> None:
+    """Fan-in-scaled convolutions and linear layers for a Whisper-style audio encoder.
+
+    With the library's default init (std 0.02) the convolutions shrink the log-mel
+    features far below the positional embeddings they are added to, so every clip
+    encodes to nearly the same rows. Scaled weights keep the audio's own signal in the
+    rows, so greedy output depends on what the clip holds (the tests check it does).
+    """
+    gen = torch.Generator().manual_seed(seed + 1)
+    for sub in encoder.modules():
+        if isinstance(sub, torch.nn.Conv1d):
+            fan_in = sub.in_channels * sub.kernel_size[0]
+            sub.weight.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=gen)
+        elif isinstance(sub, torch.nn.Linear):
+            sub.weight.normal_(0.0, 1.0 / math.sqrt(sub.in_features), generator=gen)
+
+
 def greedy_generation_config(tok: PreTrainedTokenizerFast) -> GenerationConfig:
     return GenerationConfig(
         bos_token_id=tok.bos_token_id,

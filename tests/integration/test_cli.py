@@ -52,7 +52,7 @@ def test_generate_reports_errors_without_a_traceback(cluster, tmp_path):
     missing = run_tessera(
         "generate", "--server", cluster.address("gateway"), "--image", "nope.png", "hi"
     )
-    assert missing.returncode != 0 and "cannot read image" in missing.stderr
+    assert missing.returncode != 0 and "cannot read media" in missing.stderr
     (tmp_path / "bad.png").write_bytes(b"not a png")
     bad = run_tessera(
         "generate",

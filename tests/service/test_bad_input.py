@@ -152,7 +152,7 @@ def media_source(encoder_address: str, offset: int, length: int, content_hash: s
 
 
 def test_decoder_rejects_malformed_requests(cluster, decoder, reference):
-    image_id = reference.image_token_id
+    image_id = reference.placeholder_token_id
     address = cluster.address("encoder")
     good_hash = UNKNOWN_HASH
     cases = {

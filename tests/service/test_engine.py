@@ -18,6 +18,7 @@ from decoder_service.spec import spec_from_proto
 from gateway.prompt import PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.client import Client, Message
+from tessera.media_decoder import MediaLimits
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
 from tessera.wire import range_to_proto
 from tests.cluster import Cluster
@@ -123,7 +124,7 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
         ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
     )
     family = load_family(str(demo_model_dir), options)
-    builder = PromptBuilder(family, 10**8, 16)
+    builder = PromptBuilder(family, MediaLimits(10**8), 16)
     encoder = cluster.address("encoder")
     texts = [decode_spec(family, builder, encoder, i, p, 64) for i, p in enumerate(TEXT_PROMPTS)]
     images = [
@@ -190,7 +191,7 @@ def test_prefix_cache_reuses_blocks_and_fetches_no_rows_for_them(cluster, refere
     for result, prompt in [(again, first_turn), (follow, second_turn), (other, other_image)]:
         assert_greedy_match(result.token_ids, reference.generate(prompt, MAX_NEW_TOKENS))
     assert first.stats.decoder.num_cached_prompt_tokens == 0
-    image_start = first.prompt_token_ids.index(reference.image_token_id)
+    image_start = first.prompt_token_ids.index(reference.placeholder_token_id)
     image_end = image_start + 16
     # The same request again: every full block but the one holding the last token.
     cached = again.stats.decoder.num_cached_prompt_tokens
@@ -199,7 +200,7 @@ def test_prefix_cache_reuses_blocks_and_fetches_no_rows_for_them(cluster, refere
     for stats in (again, follow):
         chunks = stats.stats.decoder.chunks
         assert chunks[0].start == stats.stats.decoder.num_cached_prompt_tokens
-        covered = stats.prompt_token_ids[chunks[0].start :].count(reference.image_token_id)
+        covered = stats.prompt_token_ids[chunks[0].start :].count(reference.placeholder_token_id)
         assert sum(c.num_embedding_rows for c in chunks) == covered == 0
         assert stats.stats.num_embedding_bytes == 0
     assert follow.stats.decoder.num_cached_prompt_tokens >= cached

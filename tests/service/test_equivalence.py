@@ -75,7 +75,7 @@ def test_greedy_tokens_equal_generate(client, references, reference, name, chunk
     for c in chunks:
         # The minimum: one row per placeholder position inside the chunk, nothing more.
         placeholder_rows = expected.prompt_token_ids[c.start : c.end].count(
-            reference.image_token_id
+            reference.placeholder_token_id
         )
         assert c.num_embedding_rows == placeholder_rows
         assert c.num_embedding_bytes == placeholder_rows * reference.hidden_size * 4
@@ -97,7 +97,10 @@ def test_each_unique_item_is_encoded_once(cluster, client):
 
     first = client.complete(prompt, greedy())
     assert first.stats.num_items == 3
-    assert first.stats.num_items_computed + first.stats.decoder.num_reencoded_items == 2
+    # The gateway's Encode covers the 2 unique items. Whether the decoder's first fetch
+    # arrives before that Encode (and sends its own, which joins the computation) is up
+    # to the scheduler, so the fleet-wide invariant is read off the encoder itself.
+    assert first.stats.num_items_computed + first.stats.num_items_cached == 2
     assert encoder_stats(cluster).num_items_computed - before == 2
 
     again = client.complete(prompt, greedy())

@@ -1,7 +1,8 @@
 """Every model family through the real services: greedy output equals the checkpoint's own
 `generate()` (fed the processor's own inputs for the same chat messages), over gRPC and
-HTTP, with 1-3 images of different sizes and aspect ratios, at chunk sizes 16, 64 and
-unchunked; a repeated request comes from the prefix cache; 8 mixed requests run
+HTTP (the real `openai` client), with 1-3 images of different sizes and aspect ratios or
+1-3 audio clips of different lengths, rates, channel counts and containers, at chunk
+sizes 16, 64 and unchunked; a repeated request comes from the prefix cache; 8 mixed requests run
 concurrently; bad layouts sent straight to the decoder are refused.
 
 One stack (encoder, decoder, gateway with HTTP) per family, started once for all of the
@@ -11,21 +12,28 @@ family's cases.
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import httpx
+import numpy as np
+import openai
 import pytest
 
 from gateway.prompt import Prompt, PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
-from tessera.client import Client, Message
-from tessera.demo_models import DEMO_FAMILIES, make_demo_model
+from tessera.client import Audio, Client, Message
+from tessera.demo_models import AUDIO_DEMO_FAMILIES, DEMO_FAMILIES, make_demo_model
 from tessera.launcher import free_port
+from tessera.media_decoder import MediaLimits
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 from tessera.wire import range_to_proto
+from tests.audio_files import sound_file, tone, wav_clip
 from tests.cluster import Cluster
 from tests.reference import (
     Reference,
@@ -38,20 +46,32 @@ from tests.reference import (
 MAX_NEW_TOKENS = 8
 CHUNK_SIZES = [16, 64, 0]  # 0: unchunked (the decoder's limit, above every prompt here)
 
-WIDE, TALL, SMALL, LARGE = (
-    noise_image(11, 90, 40),
-    noise_image(12, 35, 70),
-    noise_image(13, 60, 45),
-    noise_image(14, 130, 100),
-)
-PROMPTS = {
-    "one-image": [("user", [SMALL, "What is in this picture?"])],
-    "two-images": [
-        ("system", ["You are a careful assistant."]),
-        ("user", [WIDE, "and", TALL, "compare them"]),
-    ],
-    "three-images": [("user", [TALL, "first", LARGE, "then", WIDE, "which is widest?"])],
+# Items of every size the tests need, per modality: images of different sizes and aspect
+# ratios; clips of different lengths, rates, channel counts and containers.
+IMAGES = {
+    "wide": noise_image(11, 90, 40),
+    "tall": noise_image(12, 35, 70),
+    "small": noise_image(13, 60, 45),
+    "large": noise_image(14, 130, 100),
 }
+CLIPS = {
+    "wide": wav_clip(11, 2.5),
+    "tall": wav_clip(12, 1.2, rate=44_100, channels=2),
+    "small": Audio(sound_file(tone(13, 0.9, 22_050), 22_050, "FLAC")),
+    "large": wav_clip(14, 4.0, rate=8_000),
+}
+
+
+def prompts(items: dict) -> dict[str, list]:
+    wide, tall, small, large = items["wide"], items["tall"], items["small"], items["large"]
+    return {
+        "one-item": [("user", [small, "What is in this picture?"])],
+        "two-items": [
+            ("system", ["You are a careful assistant."]),
+            ("user", [wide, "and", tall, "compare them"]),
+        ],
+        "three-items": [("user", [tall, "first", large, "then", wide, "which is widest?"])],
+    }
 
 
 @dataclass
@@ -61,6 +81,7 @@ class FamilyStack:
     cluster: Cluster
     http_port: int
     reference: Reference
+    items: dict  # IMAGES or CLIPS: what this family takes
     expected: dict[str, ReferenceOutput]
     builder: PromptBuilder  # the gateway's own prompt code, in this process
 
@@ -68,12 +89,17 @@ class FamilyStack:
     def gateway(self) -> str:
         return self.cluster.address("gateway")
 
+    @property
+    def prompts(self) -> dict[str, list]:
+        return prompts(self.items)
+
 
 @pytest.fixture(scope="module", params=list(DEMO_FAMILIES))
 def stack(request, tmp_path_factory) -> FamilyStack:
     name = request.param
     model_dir = make_demo_model(tmp_path_factory.mktemp(name) / "tiny", family=name, seed=0)
     model = ["--model", str(model_dir)]
+    items = CLIPS if name in AUDIO_DEMO_FAMILIES else IMAGES
     cluster = Cluster()
     http_port = free_port()
     try:
@@ -85,12 +111,12 @@ def stack(request, tmp_path_factory) -> FamilyStack:
             [*model, "--encoders", encoder, "--decoders", decoder, "--http-port", str(http_port)],
         )
         reference = Reference(model_dir)
-        expected = {key: reference.generate(p, MAX_NEW_TOKENS) for key, p in PROMPTS.items()}
+        expected = {key: reference.generate(p, MAX_NEW_TOKENS) for key, p in prompts(items).items()}
         builder = PromptBuilder(
-            load_family(str(model_dir), LoadOptions(ModelPart.PROCESSOR)), 10**8, 16
+            load_family(str(model_dir), LoadOptions(ModelPart.PROCESSOR)), MediaLimits(10**8), 16
         )
         cluster.wait_ready()
-        yield FamilyStack(name, model_dir, cluster, http_port, reference, expected, builder)
+        yield FamilyStack(name, model_dir, cluster, http_port, reference, items, expected, builder)
     finally:
         cluster.stop()
 
@@ -104,19 +130,19 @@ def messages(prompt) -> list[Message]:
 
 
 @pytest.mark.parametrize("chunk", CHUNK_SIZES, ids=lambda c: f"chunk{c or '-all'}")
-@pytest.mark.parametrize("prompt", list(PROMPTS))
+@pytest.mark.parametrize("prompt", list(prompts(IMAGES)))
 def test_greedy_tokens_equal_generate(stack, prompt, chunk):
     expected = stack.expected[prompt]
     with Client(stack.gateway) as client:
         done = client.complete(
-            messages(PROMPTS[prompt]), greedy(), chunk, cache_salt=f"{prompt}-{chunk}"
+            messages(stack.prompts[prompt]), greedy(), chunk, cache_salt=f"{prompt}-{chunk}"
         )
     assert done.prompt_token_ids == expected.prompt_token_ids, "prompt ids = the processor's"
     assert_greedy_match(done.token_ids, expected, f"{stack.name} {prompt} chunk {chunk}")
 
     chunks = done.stats.decoder.chunks
     assert chunks[0].start == 0 and chunks[-1].end == len(expected.prompt_token_ids)
-    placeholder = stack.reference.image_token_id
+    placeholder = stack.reference.placeholder_token_id
     items = [(i.range.offset, i.range.end) for i in gateway_prompt(stack, prompt).items]
     for c in chunks:
         # The minimum: one row (of every plane) per placeholder position in the chunk.
@@ -134,41 +160,51 @@ def test_greedy_tokens_equal_generate(stack, prompt, chunk):
 def gateway_prompt(stack: FamilyStack, prompt: str | list) -> Prompt:
     """The prompt the gateway builds for `prompt`, by the gateway's own code."""
     return stack.builder.build(
-        to_chat_inputs(PROMPTS[prompt] if isinstance(prompt, str) else prompt)
+        to_chat_inputs(stack.prompts[prompt] if isinstance(prompt, str) else prompt)
     )
 
 
 def test_http_api_gives_the_same_tokens(stack):
-    expected = stack.expected["two-images"]
-    content = []
-    for part in PROMPTS["two-images"][1][1]:
-        if isinstance(part, bytes):
-            url = "data:image/png;base64," + base64.b64encode(part).decode()
-            content.append({"type": "image_url", "image_url": {"url": url}})
-        else:
-            content.append({"type": "text", "text": part})
-    body = {
-        "messages": [
-            {"role": "system", "content": PROMPTS["two-images"][0][1][0]},
+    """Through the real `openai` client: images as image_url data URLs, audio as
+    OpenAI's input_audio."""
+    system, (_, parts) = stack.prompts["two-items"]
+    content = [_openai_part(part) for part in parts]
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key="unused", max_retries=0
+    )
+    answer = client.chat.completions.create(
+        model="",
+        messages=[
+            {"role": "system", "content": system[1][0]},
             {"role": "user", "content": content},
         ],
-        "max_tokens": MAX_NEW_TOKENS,
-        "temperature": 0,
-        "max_chunk_tokens": 16,
-        "cache_salt": "http",
-    }
-    url = f"http://127.0.0.1:{stack.http_port}/v1/chat/completions"
-    answer = httpx.post(url, json=body, timeout=120)
-    assert answer.status_code == 200, answer.text
-    assert_greedy_match(answer.json()["tessera"]["token_ids"], expected, f"{stack.name} http")
+        max_tokens=MAX_NEW_TOKENS,
+        temperature=0,
+        extra_body={"max_chunk_tokens": 16, "cache_salt": "http"},
+        timeout=120,
+    )
+    tokens = answer.model_extra["tessera"]["token_ids"]
+    assert_greedy_match(tokens, stack.expected["two-items"], f"{stack.name} http")
+
+
+def _openai_part(part) -> dict:
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
+    if isinstance(part, Audio):
+        data = base64.b64encode(part.data).decode()
+        audio_format = "flac" if part.data.startswith(b"fLaC") else "wav"
+        return {"type": "input_audio", "input_audio": {"data": data, "format": audio_format}}
+    url = "data:image/png;base64," + base64.b64encode(part).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def test_processing_options_change_rows_and_cache_entries(stack):
     """Qwen-VL's max_pixels (vLLM's mm_processor_kwargs) changes an image's rows: the
     output still equals generate() with the same processor setting, and the setting gets
     a cache entry of its own. Families without options refuse them."""
-    prompt = [("user", [LARGE, "What is in this picture?"])]
-    if not stack.name.startswith("qwen"):
+    prompt = [("user", [stack.items["large"], "What is in this picture?"])]
+    takes_pixel_options = stack.name.startswith("qwen") and stack.items is IMAGES
+    if not takes_pixel_options:
         with Client(stack.gateway) as client, pytest.raises(grpc.RpcError) as refused:
             client.complete(messages(prompt), greedy(), mm_processor_kwargs={"max_pixels": 1})
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -208,7 +244,9 @@ def test_http_refuses_malformed_processing_options(stack):
 
 def test_repeated_request_comes_from_the_prefix_cache(stack):
     # Text after the image fills whole KV blocks, so every image row is in a cached block.
-    prompt = [("user", [SMALL, "Describe every part of this picture in careful detail."])]
+    prompt = [
+        ("user", [stack.items["small"], "Describe every part of this picture in careful detail."])
+    ]
     expected = stack.reference.generate(prompt, MAX_NEW_TOKENS)
     with Client(stack.gateway) as client:
         first = client.complete(messages(prompt), greedy(), 16, cache_salt="repeat")
@@ -226,8 +264,8 @@ def test_repeated_request_comes_from_the_prefix_cache(stack):
 
 
 def test_eight_mixed_requests_at_once(stack):
-    cases = [(prompt, chunk) for prompt in PROMPTS for chunk in (16, 0)][:6]
-    cases += [("one-image", 64), ("text-only", 16)]
+    cases = [(prompt, chunk) for prompt in stack.prompts for chunk in (16, 0)][:6]
+    cases += [("one-item", 64), ("text-only", 16)]
     text_only = [("user", ["Say something about the weather today."])]
     expected = dict(stack.expected)
     expected["text-only"] = stack.reference.generate(text_only, MAX_NEW_TOKENS)
@@ -240,7 +278,10 @@ def test_eight_mixed_requests_at_once(stack):
             with Client(stack.gateway) as client:
                 start.wait(30)
                 results[index] = client.complete(
-                    messages(PROMPTS.get(prompt, text_only)), greedy(), chunk, cache_salt="mix"
+                    messages(stack.prompts.get(prompt, text_only)),
+                    greedy(),
+                    chunk,
+                    cache_salt="mix",
                 )
         except BaseException as error:
             errors.append(error)
@@ -306,7 +347,7 @@ def bad_layouts(request: decoder_pb2.DecodeRequest) -> dict[str, decoder_pb2.Dec
 
 
 def test_bad_layouts_are_refused_and_the_decoder_keeps_serving(stack):
-    good = valid_decode_request(stack, "two-images")
+    good = valid_decode_request(stack, "two-items")
     with grpc.insecure_channel(stack.cluster.address("decoder")) as channel:
         stub = decoder_pb2_grpc.DecoderServiceStub(channel)
         for name, bad in bad_layouts(good).items():
@@ -316,10 +357,72 @@ def test_bad_layouts_are_refused_and_the_decoder_keeps_serving(stack):
             assert "item at offset" in refused.value.details(), refused.value.details()
         responses = list(stub.Generate(good, timeout=120))
     tokens = [t for r in responses if r.HasField("tokens") for t in r.tokens.token_ids]
-    assert_greedy_match(tokens, stack.expected["two-images"], f"{stack.name} direct")
+    assert_greedy_match(tokens, stack.expected["two-items"], f"{stack.name} direct")
 
 
 def encoder_stats(stack: FamilyStack) -> encoder_pb2.EncoderStats:
     with grpc.insecure_channel(stack.cluster.address("encoder")) as channel:
         stub = encoder_pb2_grpc.EncoderServiceStub(channel)
         return stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
+
+
+def test_models_and_the_cli_take_the_family_media(stack, tmp_path):
+    """/v1/models says what the model takes; `tessera generate --image/--audio FILE`
+    sends it and prints what generate() gives."""
+    models = httpx.get(f"http://127.0.0.1:{stack.http_port}/v1/models", timeout=30).json()
+    modality = "audio" if stack.items is CLIPS else "image"
+    assert models["data"][0]["input_modalities"] == ["text", modality]
+
+    prompt = stack.prompts["one-item"]
+    item, text = prompt[0][1]
+    path = tmp_path / "item"
+    path.write_bytes(item.data if isinstance(item, Audio) else item)
+    result = subprocess.run(
+        [sys.executable, "-m", "tessera.cli", "generate", "--server", stack.gateway,
+         f"--{modality}", str(path), "--max-tokens", str(MAX_NEW_TOKENS), "--json", text],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    expected = stack.expected["one-item"]
+    assert printed["prompt_token_ids"] == expected.prompt_token_ids
+    assert_greedy_match(printed["token_ids"], expected, f"{stack.name} cli")
+
+
+def bad_items(stack: FamilyStack) -> dict[str, tuple[bytes, str]]:
+    """Unusable items of the family's modality -> a fragment of the error that must say so."""
+    if stack.items is IMAGES:
+        png = IMAGES["small"]
+        return {
+            "garbage": (b"not an image at all" * 20, "could not be decoded"),
+            "truncated": (png[: len(png) // 2], "could not be decoded"),
+        }
+    silence = np.zeros((0, 1), np.float32)
+    return {
+        "not-audio": (IMAGES["small"], "no audio stream"),
+        "garbage": (b"not audio at all" * 20, "could not be decoded"),
+        "truncated": (CLIPS["wide"].data[:-1000], "truncated"),
+        "no-samples": (sound_file(silence, 16_000), "no samples"),
+        "too-long": (sound_file(tone(1, 31.0, 8_000), 8_000), "above the limit of 30 s"),
+        "rate-1-hz": (sound_file(tone(1, 20.0, 1), 1), "sampling rate is 1 Hz"),
+        "too-short": (sound_file(tone(1, 0.005, 16_000), 16_000), "needs at least"),
+    }
+
+
+def test_bad_items_are_refused_and_the_next_request_is_served(stack):
+    """Each bad item: INVALID_ARGUMENT over gRPC and 400 over HTTP, with what to fix; the
+    services stay healthy and the next good request gets generate()'s tokens."""
+    url = f"http://127.0.0.1:{stack.http_port}/v1/chat/completions"
+    with Client(stack.gateway) as client:
+        for name, (data, fragment) in bad_items(stack).items():
+            item = Audio(data) if stack.items is CLIPS else data
+            with pytest.raises(grpc.RpcError) as refused:
+                client.complete([Message("user", [item, "What is it?"])], greedy())
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+            assert fragment in refused.value.details(), (name, refused.value.details())
+            body = {"messages": [{"role": "user", "content": [_openai_part(item)]}]}
+            answer = httpx.post(url, json=body, timeout=60)
+            assert answer.status_code == 400, (name, answer.text)
+            assert fragment in answer.json()["error"]["message"], name
+        done = client.complete(messages(stack.prompts["one-item"]), greedy(), cache_salt="after")
+    assert_greedy_match(done.token_ids, stack.expected["one-item"], f"{stack.name} after bad")

@@ -48,7 +48,7 @@ def test_whole_fetch_receives_whole_items_and_keeps_tokens(whole_fetch, cluster,
     assert whole.token_ids == sliced.token_ids
 
     prompt = whole.prompt_token_ids
-    image = reference.image_token_id
+    image = reference.placeholder_token_id
     runs = [p for p in range(len(prompt)) if prompt[p] == image]
     rows_per_item = len(runs) // 2
     item_bytes = rows_per_item * reference.hidden_size * 4

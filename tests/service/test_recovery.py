@@ -34,7 +34,7 @@ def direct_request(reference, fingerprint, image: bytes, encoders: list[str], re
     """A decode request built by hand, as the gateway would, for one image."""
     messages = [("user", [image, "What is shown?"])]
     prompt = reference.inputs(messages)["input_ids"][0].tolist()
-    positions = [p for p, t in enumerate(prompt) if t == reference.image_token_id]
+    positions = [p for p, t in enumerate(prompt) if t == reference.placeholder_token_id]
     request = decoder_pb2.DecodeRequest(
         request_id=request_id,
         prompt_token_ids=prompt,

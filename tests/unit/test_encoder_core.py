@@ -14,6 +14,7 @@ from encoder_service.encoder import EncodeItem, EncoderCore, RowRequest, Unknown
 from encoder_service.memory_store import Lease, MemoryStore
 from tessera.adapters import MediaInput
 from tessera.media import ProcessingOptions, decode_image
+from tessera.media_decoder import MediaLimits
 from tessera.placeholders import Modality
 from tests.reference import noise_image
 
@@ -46,7 +47,7 @@ def item(seed: int) -> EncodeItem:
 
 
 def core(family: HeldFamily, max_batch_items: int = 8) -> EncoderCore:
-    return EncoderCore(family, MemoryStore(1 << 20), max_batch_items, 50.0, 10**6)
+    return EncoderCore(family, MemoryStore(1 << 20), max_batch_items, 50.0, MediaLimits(10**6))
 
 
 def test_a_slice_request_waits_for_the_encode_in_flight():

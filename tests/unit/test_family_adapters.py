@@ -11,11 +11,22 @@ import torch
 
 from tessera.adapters import LoadOptions, MediaInput, ModelPart, load_family
 from tessera.demo_models import DEMO_FAMILIES, make_demo_model
-from tessera.media import ProcessingOptions, decode_image
+from tessera.media import ProcessingOptions
+from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
+from tests.audio_files import wav_clip
 from tests.reference import noise_image
 
 IMAGES = [noise_image(21, 60, 45), noise_image(22, 130, 40), noise_image(23, 30, 90)]
+CLIPS = [wav_clip(21, 1.5).data, wav_clip(22, 0.4, 44_100, 2).data, wav_clip(23, 3.0).data]
+
+
+def items_of(family, options: ProcessingOptions, count: int = 3) -> list[MediaInput]:
+    """`count` items of the family's modality, of different sizes."""
+    modality = next(iter(family.modalities))
+    decoder = MediaDecoder.for_family(family, MediaLimits())
+    data = CLIPS if modality == Modality.AUDIO else IMAGES
+    return [MediaInput(decoder.decode(modality, d), options) for d in data[:count]]
 
 
 @pytest.fixture(scope="module", params=list(DEMO_FAMILIES))
@@ -28,7 +39,7 @@ def family(request, tmp_path_factory):
 @pytest.mark.parametrize("num_items", [1, 3])
 def test_rows_are_what_the_placement_promised_alone_and_batched(family, num_items):
     options = family.processing_options({}, num_items)
-    items = [MediaInput(decode_image(data), options) for data in IMAGES]
+    items = items_of(family, options)
     together = family.encode(items)
     width = family.hidden_size * family.num_planes
     for item, rows in zip(items, together, strict=True):
@@ -38,13 +49,13 @@ def test_rows_are_what_the_placement_promised_alone_and_batched(family, num_item
         alone = family.encode([item])[0]
         torch.testing.assert_close(alone, rows, atol=1e-5, rtol=1e-5)
         family.check_layout(
-            PlaceholderRange(Modality.IMAGE, "0" * 64, 0, placement.num_rows, placement.layout)
+            PlaceholderRange(item.modality, "0" * 64, 0, placement.num_rows, placement.layout)
         )
 
 
 def test_a_layout_that_does_not_fit_is_refused(family):
     options = family.processing_options({}, 1)
-    placement = family.item_placement(MediaInput(decode_image(IMAGES[0]), options))
+    placement = family.item_placement(items_of(family, options, 1)[0])
     layout = placement.layout
     t, h, w = layout.grid_thw or (1, 2, 2)
     wrong = {

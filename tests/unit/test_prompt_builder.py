@@ -11,6 +11,7 @@ from gateway.main import build_parser
 from gateway.prompt import PromptBuilder, PromptError
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.demo_models import make_demo_model
+from tessera.media_decoder import MediaLimits
 from tests.reference import Reference, noise_image, to_chat_inputs
 
 IMAGE = noise_image(31, 130, 100)
@@ -26,8 +27,8 @@ def qwen(tmp_path_factory):
 def test_server_defaults_and_request_options_change_rows_and_hash(qwen):
     model_dir, family = qwen
     unit = 28 * 28  # patch 14, merge 2: the pixels of one row
-    plain = PromptBuilder(family, 10**8, 4).build(to_chat_inputs(PROMPT))
-    small = PromptBuilder(family, 10**8, 4, {"max_pixels": 6 * unit})
+    plain = PromptBuilder(family, MediaLimits(10**8), 4).build(to_chat_inputs(PROMPT))
+    small = PromptBuilder(family, MediaLimits(10**8), 4, {"max_pixels": 6 * unit})
     by_server = small.build(to_chat_inputs(PROMPT))
     by_request = small.build(to_chat_inputs(PROMPT), {"max_pixels": 12 * unit})
     rows = [p.items[0].range.length for p in (plain, by_server, by_request)]
@@ -44,7 +45,7 @@ def test_server_defaults_and_request_options_change_rows_and_hash(qwen):
 
 def test_bad_options_are_refused_with_what_to_fix(qwen):
     _, family = qwen
-    builder = PromptBuilder(family, 10**8, 4)
+    builder = PromptBuilder(family, MediaLimits(10**8), 4)
     for options, message in [
         ({"max_pixelz": 1000}, "max_pixelz"),
         ({"min_pixels": 5000, "max_pixels": 1000}, "above max_pixels"),
@@ -56,7 +57,7 @@ def test_bad_options_are_refused_with_what_to_fix(qwen):
 
 def test_placeholders_written_in_text_are_refused(qwen):
     _, family = qwen
-    builder = PromptBuilder(family, 10**8, 4)
+    builder = PromptBuilder(family, MediaLimits(10**8), 4)
     with pytest.raises(PromptError, match="placeholder"):
         builder.build(to_chat_inputs([("user", ["<|image_pad|> hi", IMAGE])]))
 
