@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from jinja2 import TemplateError
+
 from tessera.adapters import ItemPlacement, MediaInput, ModelFamily
 from tessera.media import ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
@@ -97,7 +99,19 @@ class PromptBuilder:
         except ValueError as error:
             raise PromptError(f"mm_processor_kwargs: {error}") from None
         prepared = [self._prepare(index, part, options) for index, part in enumerate(media)]
-        text = self.family.render_prompt([_template_message(m) for m in messages])
+        template_messages = [_template_message(m) for m in messages]
+        try:
+            if self.family.renders_token_ids:
+                num_rows = [item.placement.num_rows for item in prepared]
+                token_ids = self.family.render_prompt_ids(template_messages, num_rows)
+            else:
+                text = self.family.render_prompt(template_messages)
+        except (ValueError, TemplateError) as error:
+            # The chat template or tokenizer refused the conversation (a role order or
+            # a mix of parts the model does not take): the caller can fix that.
+            raise PromptError(f"the model's chat template refused the messages: {error}") from None
+        if self.family.renders_token_ids:
+            return self._placed(token_ids, prepared)
         return self._expand(text, prepared)
 
     def _check_messages(self, messages: Sequence[ChatInput]) -> list[MediaPart]:
@@ -138,11 +152,14 @@ class PromptBuilder:
 
     def _expand(self, text: str, prepared: list[_PreparedItem]) -> Prompt:
         expanded, in_prompt_order = self._replace_markers(text, prepared)
-        token_ids = self.family.tokenize(expanded)
+        return self._placed(self.family.tokenize(expanded), in_prompt_order)
+
+    def _placed(self, token_ids: list[int], in_prompt_order: list[_PreparedItem]) -> Prompt:
+        """The prompt with each item's range located, if it fits the model's context."""
         items = self._locate(token_ids, in_prompt_order)
         if len(token_ids) >= self.family.max_model_len:
             raise PromptError(
-                f"the prompt is {len(token_ids)} tokens after expanding {len(prepared)} media "
+                f"the prompt is {len(token_ids)} tokens after expanding {len(items)} media "
                 f"items; the model's context is {self.family.max_model_len}: shorten it or "
                 "send fewer items"
             )

@@ -3,6 +3,7 @@ family's own processor outputs (for any supported family)."""
 
 from __future__ import annotations
 
+import base64
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,14 @@ class Reference:
         """float32 bytes of one embedding row, every plane."""
         return self.hidden_size * self.num_planes * 4
 
+    @property
+    def renders_token_ids(self) -> bool:
+        """Mistral's tokenizer (Voxtral) renders conversations itself, audio included."""
+        return type(self.processor.tokenizer).__name__ == "MistralCommonBackend"
+
     def inputs(self, messages: Messages, **processor_kwargs: object) -> dict:
+        if self.renders_token_ids:
+            return self._mistral_inputs(messages)
         text = self.processor.apply_chat_template(
             to_template(messages), add_generation_prompt=True, tokenize=False
         )
@@ -128,6 +136,25 @@ class Reference:
             add_special_tokens=False,
             **processor_kwargs,
         )
+
+    def _mistral_inputs(self, messages: Messages) -> dict:
+        """The processor's own chat path: each clip as a base64 WAV at the model's rate
+        (float32, so mistral-common reads exactly the reference samples)."""
+        import soundfile
+
+        rate = self.processor.feature_extractor.sampling_rate
+
+        def part(p: str | Audio) -> dict:
+            if isinstance(p, str):
+                return {"type": "text", "text": p}
+            buffer = io.BytesIO()
+            soundfile.write(buffer, reference_audio(p.data, rate), rate, "FLOAT", format="WAV")
+            return {"type": "audio", "base64": base64.b64encode(buffer.getvalue()).decode()}
+
+        conversation = [
+            {"role": role, "content": [part(p) for p in parts]} for role, parts in messages
+        ]
+        return self.processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
 
     @torch.inference_mode()
     def generate(

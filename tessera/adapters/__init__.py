@@ -24,6 +24,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen3VLMoeForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen3VLMoeFamily",
     "Gemma3ForConditionalGeneration": "tessera.adapters.gemma3:Gemma3Family",
     "Qwen2AudioForConditionalGeneration": "tessera.adapters.qwen2_audio:Qwen2AudioFamily",
+    "VoxtralForConditionalGeneration": "tessera.adapters.voxtral:VoxtralFamily",
 }
 
 

@@ -147,8 +147,21 @@ class ModelFamily(Protocol):
 
     # -- processor side (gateway, encoder) ----------------------------------------------
 
+    # True: the family's tokenizer renders chat messages straight to token ids (Mistral's
+    # tokenizers encode each text chunk on its own, so text cannot be expanded and then
+    # tokenized): the front door calls `render_prompt_ids`, not `render_prompt`.
+    renders_token_ids: bool
+
     def render_prompt(self, messages: Sequence[ChatMessageDict]) -> str:
         """The chat template's text: one `media_marker` per item, in prompt order."""
+        ...
+
+    def render_prompt_ids(
+        self, messages: Sequence[ChatMessageDict], num_rows: Sequence[int]
+    ) -> list[int]:
+        """Token ids of the whole prompt, each item's run of placeholder tokens exactly
+        `num_rows[k]` long for the k-th item in message order. Raises ValueError naming
+        what to fix."""
         ...
 
     def media_marker(self, modality: Modality) -> str:

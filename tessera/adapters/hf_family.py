@@ -38,6 +38,7 @@ class HFFamily:
     architectures: ClassVar[tuple[str, ...]]
     # Attributes of `model.model` that only the encoder runs (dropped elsewhere).
     media_modules: ClassVar[tuple[str, ...]]
+    renders_token_ids: ClassVar[bool] = False
     attention: ClassVar[AttentionRules] = AttentionRules()
     # Processing options a request may set, with their accepted [min, max] values.
     option_limits: ClassVar[Mapping[str, tuple[int, int]]] = MappingProxyType({})
@@ -49,8 +50,7 @@ class HFFamily:
         self.dtype = options.dtype
         self._processor = AutoProcessor.from_pretrained(model_dir)
         self._tokenizer = self._processor.tokenizer
-        if self._tokenizer.chat_template is None and self._processor.chat_template is None:
-            raise ValueError(f"{model_dir} has no chat template; add one to the tokenizer")
+        self._check_chat_template()
         self._model = self._load_model(options)
         config = self._config = self._model.config if self._model else _load_config(model_dir)
         text = config.get_text_config()
@@ -64,6 +64,10 @@ class HFFamily:
         self.vocab_size = int(text.vocab_size)
         self.max_model_len = int(text.max_position_embeddings)
         self.eos_token_ids = _eos_token_ids(model_dir, self._tokenizer)
+
+    def _check_chat_template(self) -> None:
+        if self._tokenizer.chat_template is None and self._processor.chat_template is None:
+            raise ValueError(f"{self.model_dir} has no chat template; add one to the tokenizer")
 
     def _model_class(self) -> type:
         import transformers
@@ -98,6 +102,11 @@ class HFFamily:
         return self._processor.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=False
         )
+
+    def render_prompt_ids(
+        self, messages: Sequence[ChatMessageDict], num_rows: Sequence[int]
+    ) -> list[int]:
+        raise NotImplementedError(f"{self.name} renders text; call render_prompt")
 
     def media_marker(self, modality: Modality) -> str:
         return self._processor.image_token

@@ -26,9 +26,10 @@ DEMO_FAMILIES: dict[str, str] = {
     "llava-onevision": "tessera.demo_models.llava_onevision",
     "gemma3": "tessera.demo_models.gemma3",
     "qwen2-audio": "tessera.demo_models.qwen2_audio",
+    "voxtral": "tessera.demo_models.voxtral",
 }
 # The demo families that take audio (the others take images).
-AUDIO_DEMO_FAMILIES = ("qwen2-audio",)
+AUDIO_DEMO_FAMILIES = ("qwen2-audio", "voxtral")
 IMAGE_DEMO_FAMILIES = tuple(f for f in DEMO_FAMILIES if f not in AUDIO_DEMO_FAMILIES)
 DEMO_MODEL_SIZES = ("tiny", "bench")
 DEFAULT_FAMILY = "llava"

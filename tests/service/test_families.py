@@ -44,6 +44,10 @@ from tests.reference import (
 )
 
 MAX_NEW_TOKENS = 8
+# The stacks' media limits: every image below is smaller, every clip shorter; Voxtral
+# takes clips of several 30 s windows, Qwen2-Audio caps them at its one window.
+MAX_IMAGE_PIXELS = 20_000
+MAX_AUDIO_SECONDS = 45.0
 CHUNK_SIZES = [16, 64, 0]  # 0: unchunked (the decoder's limit, above every prompt here)
 
 # Items of every size the tests need, per modality: images of different sizes and aspect
@@ -62,14 +66,16 @@ CLIPS = {
 }
 
 
-def prompts(items: dict) -> dict[str, list]:
+# Mistral's tokenizer refuses a system prompt in a conversation with audio.
+NO_SYSTEM_PROMPT_WITH_MEDIA = ("voxtral",)
+
+
+def prompts(items: dict, system: bool = True) -> dict[str, list]:
     wide, tall, small, large = items["wide"], items["tall"], items["small"], items["large"]
+    system_prompt = [("system", ["You are a careful assistant."])] if system else []
     return {
         "one-item": [("user", [small, "What is in this picture?"])],
-        "two-items": [
-            ("system", ["You are a careful assistant."]),
-            ("user", [wide, "and", tall, "compare them"]),
-        ],
+        "two-items": [*system_prompt, ("user", [wide, "and", tall, "compare them"])],
         "three-items": [("user", [tall, "first", large, "then", wide, "which is widest?"])],
     }
 
@@ -91,7 +97,7 @@ class FamilyStack:
 
     @property
     def prompts(self) -> dict[str, list]:
-        return prompts(self.items)
+        return prompts(self.items, system=self.name not in NO_SYSTEM_PROMPT_WITH_MEDIA)
 
 
 @pytest.fixture(scope="module", params=list(DEMO_FAMILIES))
@@ -103,17 +109,21 @@ def stack(request, tmp_path_factory) -> FamilyStack:
     cluster = Cluster()
     http_port = free_port()
     try:
-        encoder = cluster.start("encoder", "encoder", model)
+        limits = ["--max-image-pixels", str(MAX_IMAGE_PIXELS)]
+        limits += ["--max-audio-seconds", str(MAX_AUDIO_SECONDS)]
+        encoder = cluster.start("encoder", "encoder", [*model, *limits])
         decoder = cluster.start("decoder", "decoder", model)
-        cluster.start(
-            "gateway",
-            "gateway",
-            [*model, "--encoders", encoder, "--decoders", decoder, "--http-port", str(http_port)],
-        )
+        routes = ["--encoders", encoder, "--decoders", decoder, "--http-port", str(http_port)]
+        cluster.start("gateway", "gateway", [*model, *limits, *routes])
         reference = Reference(model_dir)
-        expected = {key: reference.generate(p, MAX_NEW_TOKENS) for key, p in prompts(items).items()}
+        system = name not in NO_SYSTEM_PROMPT_WITH_MEDIA
+        expected = {
+            key: reference.generate(p, MAX_NEW_TOKENS) for key, p in prompts(items, system).items()
+        }
         builder = PromptBuilder(
-            load_family(str(model_dir), LoadOptions(ModelPart.PROCESSOR)), MediaLimits(10**8), 16
+            load_family(str(model_dir), LoadOptions(ModelPart.PROCESSOR)),
+            MediaLimits(MAX_IMAGE_PIXELS, MAX_AUDIO_SECONDS),
+            16,
         )
         cluster.wait_ready()
         yield FamilyStack(name, model_dir, cluster, http_port, reference, items, expected, builder)
@@ -167,17 +177,16 @@ def gateway_prompt(stack: FamilyStack, prompt: str | list) -> Prompt:
 def test_http_api_gives_the_same_tokens(stack):
     """Through the real `openai` client: images as image_url data URLs, audio as
     OpenAI's input_audio."""
-    system, (_, parts) = stack.prompts["two-items"]
-    content = [_openai_part(part) for part in parts]
+    chat = [
+        {"role": role, "content": [_openai_part(part) for part in parts]}
+        for role, parts in stack.prompts["two-items"]
+    ]
     client = openai.OpenAI(
         base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key="unused", max_retries=0
     )
     answer = client.chat.completions.create(
         model="",
-        messages=[
-            {"role": "system", "content": system[1][0]},
-            {"role": "user", "content": content},
-        ],
+        messages=chat,
         max_tokens=MAX_NEW_TOKENS,
         temperature=0,
         extra_body={"max_chunk_tokens": 16, "cache_salt": "http"},
@@ -398,14 +407,17 @@ def bad_items(stack: FamilyStack) -> dict[str, tuple[bytes, str]]:
             "truncated": (png[: len(png) // 2], "could not be decoded"),
         }
     silence = np.zeros((0, 1), np.float32)
+    too_short = {}
+    if stack.name == "qwen2-audio":  # under 2 mel frames it has no rows (Voxtral pads)
+        too_short["too-short"] = (sound_file(tone(1, 0.005, 16_000), 16_000), "needs at least")
     return {
+        **too_short,
         "not-audio": (IMAGES["small"], "no audio stream"),
         "garbage": (b"not audio at all" * 20, "could not be decoded"),
         "truncated": (CLIPS["wide"].data[:-1000], "truncated"),
         "no-samples": (sound_file(silence, 16_000), "no samples"),
         "too-long": (sound_file(tone(1, 31.0, 8_000), 8_000), "above the limit of 30 s"),
         "rate-1-hz": (sound_file(tone(1, 20.0, 1), 1), "sampling rate is 1 Hz"),
-        "too-short": (sound_file(tone(1, 0.005, 16_000), 16_000), "needs at least"),
     }
 
 
@@ -424,5 +436,34 @@ def test_bad_items_are_refused_and_the_next_request_is_served(stack):
             answer = httpx.post(url, json=body, timeout=60)
             assert answer.status_code == 400, (name, answer.text)
             assert fragment in answer.json()["error"]["message"], name
+        if stack.name in NO_SYSTEM_PROMPT_WITH_MEDIA:
+            with pytest.raises(grpc.RpcError) as refused:
+                prompt = [("system", ["Be brief."]), *stack.prompts["one-item"]]
+                client.complete(messages(prompt), greedy())
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "chat template refused" in refused.value.details()
         done = client.complete(messages(stack.prompts["one-item"]), greedy(), cache_salt="after")
     assert_greedy_match(done.token_ids, stack.expected["one-item"], f"{stack.name} after bad")
+
+
+def test_the_largest_item_the_limits_allow_is_served_and_one_above_refused(stack):
+    """At the limit: generate()'s tokens (a Voxtral clip of two 30 s windows, a full
+    Qwen2-Audio window); just above it: INVALID_ARGUMENT naming the limit."""
+    if stack.items is CLIPS:
+        seconds = stack.builder.decoder.max_audio_seconds  # the family may cap the flag
+        largest = Audio(sound_file(tone(41, seconds, 16_000), 16_000))
+        above = Audio(sound_file(tone(41, seconds + 1, 16_000), 16_000))
+        limit = f"above the limit of {seconds:g} s"
+    else:
+        largest, above = noise_image(41, 200, 100), noise_image(41, 201, 100)
+        limit = f"above the limit of {MAX_IMAGE_PIXELS}"
+    prompt = [("user", [largest, "Describe it."])]
+    expected = stack.reference.generate(prompt, MAX_NEW_TOKENS)
+    with Client(stack.gateway) as client:
+        done = client.complete(messages(prompt), greedy(), 64, cache_salt="largest")
+        with pytest.raises(grpc.RpcError) as refused:
+            client.complete([Message("user", [above, "Describe it."])], greedy())
+    assert done.prompt_token_ids == expected.prompt_token_ids
+    assert_greedy_match(done.token_ids, expected, f"{stack.name} largest item")
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert limit in refused.value.details(), refused.value.details()

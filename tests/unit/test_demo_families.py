@@ -4,50 +4,24 @@ generate() depends on the image or audio clip it is given, and on the clips' ord
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
-import torch
-import transformers
-from PIL import Image
-from transformers import AutoConfig, AutoProcessor
+from transformers import AutoConfig
 
-from tessera.client import Audio
 from tessera.demo_models import AUDIO_DEMO_FAMILIES, DEMO_FAMILIES, make_demo_model
 from tests.audio_files import wav_clip
-from tests.reference import noise_image, reference_audio
+from tests.reference import Reference, noise_image
 
 NEW_FAMILIES = [name for name in DEMO_FAMILIES if name != "llava"]  # llava: test_demo_model.py
 MAX_NEW_TOKENS = 8
 
 
-def load(model_dir: Path):
-    config = AutoConfig.from_pretrained(model_dir)
-    model_class = getattr(transformers, config.architectures[0])
-    model = model_class.from_pretrained(model_dir).eval()
-    return model, AutoProcessor.from_pretrained(model_dir)
-
-
-def greedy(model, processor, media: list, text: str) -> tuple[list[int], list[int]]:
-    """`media`: encoded images (bytes) or Audio clips."""
-    content = [{"type": "audio" if isinstance(m, Audio) else "image"} for m in media] + [
-        {"type": "text", "text": text}
-    ]
-    prompt = processor.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    )
-    if media and isinstance(media[0], Audio):
-        rate = processor.feature_extractor.sampling_rate
-        clips = [reference_audio(clip.data, rate) for clip in media]
-        inputs = processor(text=prompt, audio=clips, sampling_rate=rate, return_tensors="pt")
-    else:
-        pictures = [Image.open(io.BytesIO(data)) for data in media]
-        inputs = processor(text=prompt, images=pictures or None, return_tensors="pt")
-    with torch.inference_mode():
-        out = model.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-    prompt_ids = inputs["input_ids"][0].tolist()
-    return prompt_ids, out[0, len(prompt_ids) :].tolist()
+def greedy(reference: Reference, media: list, text: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, new ids) of generate() on one user message: `media` (encoded images
+    or Audio clips) then `text`."""
+    output = reference.generate([("user", [*media, text])], MAX_NEW_TOKENS)
+    return output.prompt_token_ids, output.token_ids
 
 
 @pytest.fixture(scope="module", params=NEW_FAMILIES)
@@ -65,9 +39,10 @@ def test_reloads_seeded_and_deterministic(family_dir, tmp_path):
     for file in weights:
         assert (model_dir / file).read_bytes() == (again / file).read_bytes(), file
         assert (model_dir / file).read_bytes() != (other / file).read_bytes(), file
-    model, processor = load(model_dir)
-    assert type(model).__name__ == AutoConfig.from_pretrained(model_dir).architectures[0]
-    assert processor.chat_template, "the processor carries the chat template"
+    reference = Reference(model_dir)
+    assert type(reference.model).__name__ == AutoConfig.from_pretrained(model_dir).architectures[0]
+    # A chat template, or (Voxtral) Mistral's tokenizer, which renders conversations itself.
+    assert reference.processor.chat_template or reference.renders_token_ids
 
 
 def media(family: str, seed: int, size: tuple[int, int] = (60, 45)):
@@ -79,12 +54,13 @@ def media(family: str, seed: int, size: tuple[int, int] = (60, 45)):
 
 def test_generate_depends_on_the_media_and_stays_in_text(family_dir):
     name, model_dir = family_dir
-    model, processor = load(model_dir)
+    reference = Reference(model_dir)
+    model = reference.model
     outputs = set()
     for seed in (1, 2):
-        _, new_ids = greedy(model, processor, [media(name, seed)], "What is it?")
+        _, new_ids = greedy(reference, [media(name, seed)], "What is it?")
         assert len(new_ids) == MAX_NEW_TOKENS or new_ids[-1] in _eos(model)
-        special = set(processor.tokenizer.all_special_ids) - set(_eos(model))
+        special = set(reference.processor.tokenizer.all_special_ids) - set(_eos(model))
         assert not special & set(new_ids), "greedy output never emits a special token"
         outputs.add(tuple(new_ids))
     assert len(outputs) == 2, "two different items must give two different continuations"
@@ -92,13 +68,14 @@ def test_generate_depends_on_the_media_and_stays_in_text(family_dir):
 
 def test_two_items_of_other_sizes_expand_to_their_own_rows_in_order(family_dir):
     name, model_dir = family_dir
-    model, processor = load(model_dir)
+    reference = Reference(model_dir)
     items = [media(name, 3, (90, 40)), media(name, 4, (35, 70))]
-    prompt_ids, new_ids = greedy(model, processor, items, "Compare them.")
+    prompt_ids, new_ids = greedy(reference, items, "Compare them.")
     assert new_ids
-    assert len(prompt_ids) < model.config.get_text_config().max_position_embeddings
+    max_positions = reference.model.config.get_text_config().max_position_embeddings
+    assert len(prompt_ids) < max_positions
     if name in AUDIO_DEMO_FAMILIES:  # the order of the clips matters to the model
-        _, swapped = greedy(model, processor, items[::-1], "Compare them.")
+        _, swapped = greedy(reference, items[::-1], "Compare them.")
         assert swapped != new_ids
 
 
