@@ -175,10 +175,14 @@ def gateway_prompt(stack: FamilyStack, prompt: str | list) -> Prompt:
 
 
 def test_http_api_gives_the_same_tokens(stack):
-    """Through the real `openai` client: images as image_url data URLs, audio as
-    OpenAI's input_audio."""
+    """Through the real `openai` client: images as image_url data URLs, audio as OpenAI's
+    input_audio and vLLM's audio_url."""
+    # The second item goes as a URL part (images are URLs anyway).
     chat = [
-        {"role": role, "content": [_openai_part(part) for part in parts]}
+        {
+            "role": role,
+            "content": [_openai_part(part, as_url=part is stack.items["tall"]) for part in parts],
+        }
         for role, parts in stack.prompts["two-items"]
     ]
     client = openai.OpenAI(
@@ -196,9 +200,13 @@ def test_http_api_gives_the_same_tokens(stack):
     assert_greedy_match(tokens, stack.expected["two-items"], f"{stack.name} http")
 
 
-def _openai_part(part) -> dict:
+def _openai_part(part, as_url: bool = False) -> dict:
+    """A content part in the OpenAI shape; `as_url`: audio as vLLM's audio_url data URL."""
     if isinstance(part, str):
         return {"type": "text", "text": part}
+    if isinstance(part, Audio) and as_url:
+        url = "data:audio/wav;base64," + base64.b64encode(part.data).decode()
+        return {"type": "audio_url", "audio_url": {"url": url}}
     if isinstance(part, Audio):
         data = base64.b64encode(part.data).decode()
         audio_format = "flac" if part.data.startswith(b"fLaC") else "wav"
@@ -407,6 +415,7 @@ def bad_items(stack: FamilyStack) -> dict[str, tuple[bytes, str]]:
             "truncated": (png[: len(png) // 2], "could not be decoded"),
         }
     silence = np.zeros((0, 1), np.float32)
+    limit = stack.builder.decoder.max_audio_seconds
     too_short = {}
     if stack.name == "qwen2-audio":  # under 2 mel frames it has no rows (Voxtral pads)
         too_short["too-short"] = (sound_file(tone(1, 0.005, 16_000), 16_000), "needs at least")
@@ -416,9 +425,24 @@ def bad_items(stack: FamilyStack) -> dict[str, tuple[bytes, str]]:
         "garbage": (b"not audio at all" * 20, "could not be decoded"),
         "truncated": (CLIPS["wide"].data[:-1000], "truncated"),
         "no-samples": (sound_file(silence, 16_000), "no samples"),
-        "too-long": (sound_file(tone(1, 31.0, 8_000), 8_000), "above the limit of 30 s"),
+        "too-long": (
+            sound_file(tone(1, limit + 1, 8_000), 8_000),
+            f"above the limit of {limit:g} s",
+        ),
+        "8-hours": (_flac_declaring(8 * 3600), "28800.0 s long, above the limit"),
         "rate-1-hz": (sound_file(tone(1, 20.0, 1), 1), "sampling rate is 1 Hz"),
     }
+
+
+def _flac_declaring(seconds: int, rate: int = 8_000) -> bytes:
+    """A short FLAC whose STREAMINFO claims `seconds` of audio: refused from the header,
+    before a sample is decoded. STREAMINFO's 64 bits at byte 18 hold the sample rate (20),
+    channels - 1 (3), bits per sample - 1 (5) and the total samples (36)."""
+    data = bytearray(sound_file(tone(2, 0.5, rate), rate, "FLAC"))
+    fields = int.from_bytes(data[18:26], "big")
+    fields = (fields & ~((1 << 36) - 1)) | (seconds * rate)
+    data[18:26] = fields.to_bytes(8, "big")
+    return bytes(data)
 
 
 def test_bad_items_are_refused_and_the_next_request_is_served(stack):

@@ -197,6 +197,27 @@ BAD = {
         "not an allowed media domain",
     ),
     "temperature out of range": ("hi", {"temperature": 7}, "temperature"),
+    # audio_url follows the image rules (checked before the model's modality).
+    "audio URL at loopback": (
+        [{"type": "audio_url", "audio_url": {"url": "http://127.0.0.1:9/a.wav"}}],
+        {},
+        "loopback",
+    ),
+    "audio URL at metadata": (
+        [{"type": "audio_url", "audio_url": {"url": "http://169.254.169.254/a.wav"}}],
+        {},
+        "link-local",
+    ),
+    "unknown input_audio format": (
+        [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "aiff"}}],
+        {},
+        "format",
+    ),
+    "unknown input_audio field": (
+        [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "url": "x"}}],
+        {},
+        "takes data and format",
+    ),
 }
 
 
