@@ -15,6 +15,7 @@ replica of a service is gone.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import socket
 import subprocess
@@ -242,6 +243,18 @@ def serve_all(
         stop_children(children)
 
 
+def example_media(model: str) -> str:
+    """The example request's media and prompt: a clip for a checkpoint with an audio
+    encoder (its config has an `audio_config`), else an image."""
+    try:
+        config = json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if "audio_config" in config:
+        return '--audio clip.wav "What do you hear?"'
+    return '--image some.png "Describe the image."'
+
+
 def print_ready(
     gateway: str, model: str, replicas: list[Replica], children: list[Child], http_port: int = 0
 ) -> None:
@@ -268,7 +281,7 @@ def print_ready(
         f"  gateway (gRPC): {gateway}   model: {model}\n"
         f"{http}"
         f"  replicas:\n{''.join(lines)}"
-        f'  try:  {command} generate --server {gateway} --image some.png "Describe the image."\n'
+        f"  try:  {command} generate --server {gateway} {example_media(model)}\n"
         f"  stop: Ctrl-C\n",
         flush=True,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.launcher import route_flags
+from tessera.launcher import example_media, route_flags
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +77,22 @@ def test_stray_value_refused(parsers):
 def test_flags_serve_sets_itself_refused(parsers, extra):
     with pytest.raises(SystemExit, match=r"sets --(model|port) itself"):
         route_flags(extra, parsers)
+
+
+def test_max_audio_seconds_goes_to_the_gateway_and_encoder(parsers):
+    routed = route_flags(["--max-audio-seconds", "120"], parsers)
+    assert routed == {
+        "encoder": ["--max-audio-seconds", "120"],
+        "decoder": [],
+        "gateway": ["--max-audio-seconds", "120"],
+    }
+
+
+def test_the_example_request_matches_the_model_media(tmp_path):
+    (tmp_path / "audio").mkdir()
+    (tmp_path / "audio" / "config.json").write_text('{"audio_config": {}}')
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "config.json").write_text('{"vision_config": {}}')
+    assert example_media(str(tmp_path / "audio")).startswith("--audio ")
+    assert example_media(str(tmp_path / "image")).startswith("--image ")
+    assert example_media("some/hub-id").startswith("--image ")
