@@ -20,6 +20,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from benchmarks.outcome import Outcome
 from benchmarks.workloads import BenchRequest
+from tessera.adapters.qwen2_audio import audio_rows
 from tessera.placeholders import overlap
 from tests.reference import Reference
 
@@ -101,14 +102,37 @@ class HfGenerate(InProcessArm):
             prompt_token_ids=prompt,
             started=started,
             token_times=clock.times,
-            encoder_passes=len(request.images),
+            encoder_passes=len(request.items),
             logits=[step[0].float() for step in out.logits],
         )
 
 
+AUDIO_ARCHITECTURES = ("Qwen2AudioForConditionalGeneration", "VoxtralForConditionalGeneration")
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Consecutive positions as (offset, length) runs."""
+    runs: list[tuple[int, int]] = []
+    for position in positions:
+        if runs and runs[-1][0] + runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((position, 1))
+    return runs
+
+
+def _qwen2_audio_rows(model, features: torch.Tensor, frames: torch.Tensor, clip: int):
+    rows = audio_rows(model, features[clip : clip + 1], frames[clip : clip + 1])[0]
+    return rows, []
+
+
+def _voxtral_rows(model, windows: torch.Tensor):
+    return model.get_audio_features(windows).pooler_output, []
+
+
 @dataclass(frozen=True)
 class _Item:
-    """One image of a prompt: its placeholder rows and how to encode it alone."""
+    """One item of a prompt: its placeholder rows and how to encode it alone."""
 
     offset: int
     length: int
@@ -116,8 +140,9 @@ class _Item:
 
 
 class ReencodePerChunk(InProcessArm):
-    """LLaVA-1.5 and Qwen-VL (1-D or multimodal RoPE, deepstack): the families whose
-    prefill may be cut anywhere; others (bidirectional or tiled images) are not offered."""
+    """LLaVA-1.5, Qwen-VL (1-D or multimodal RoPE, deepstack), Qwen2-Audio and Voxtral:
+    the families whose prefill may be cut anywhere; others (bidirectional or tiled
+    images) are not offered."""
 
     name = "reencode-per-chunk"
 
@@ -138,12 +163,15 @@ class ReencodePerChunk(InProcessArm):
             "Qwen2_5_VLForConditionalGeneration",
             "Qwen3VLForConditionalGeneration",
             "Qwen3VLMoeForConditionalGeneration",
+            *AUDIO_ARCHITECTURES,
         }
 
     def _items(self, inputs: dict, prompt: list[int]) -> list[_Item]:
-        """Each image's range (its placeholder positions, in order) and its encoder."""
-        positions = [p for p, t in enumerate(prompt) if t == self.reference.image_token_id]
+        """Each item's range (its placeholder positions, in order) and its encoder."""
+        positions = [p for p, t in enumerate(prompt) if t == self.reference.placeholder_token_id]
         model = self.reference.model.model
+        if type(self.reference.model).__name__ in AUDIO_ARCHITECTURES:
+            return self._audio_items(inputs, positions)
         if not self.mrope:  # LLaVA: a fixed number of rows, one pixel tensor per image
             rows = [self.config.image_seq_length] * len(inputs.get("pixel_values", []))
             pixels = [inputs["pixel_values"][i : i + 1] for i in range(len(rows))]
@@ -167,6 +195,27 @@ class ReencodePerChunk(InProcessArm):
             cursor += length
         if cursor != len(positions):
             raise ValueError(f"{len(positions)} placeholders, but the images have {cursor} rows")
+        return items
+
+    def _audio_items(self, inputs: dict, positions: list[int]) -> list[_Item]:
+        """One item per run of placeholders: Qwen2-Audio's k-th clip, or Voxtral's k-th
+        clip of `length / rows_per_window` 30 s windows."""
+        runs = _runs(positions)
+        model = self.reference.model.model
+        features = inputs["input_features"]
+        if "feature_attention_mask" in inputs:  # Qwen2-Audio: one feature row per clip
+            frames = inputs["feature_attention_mask"].sum(-1)
+            return [
+                _Item(offset, length, partial(_qwen2_audio_rows, model, features, frames, k))
+                for k, (offset, length) in enumerate(runs)
+            ]
+        audio = self.config.audio_config
+        rows_per_window = audio.max_source_positions * audio.hidden_size // audio.intermediate_size
+        items, window = [], 0
+        for offset, length in runs:
+            windows = features[window : window + length // rows_per_window]
+            items.append(_Item(offset, length, partial(_voxtral_rows, model, windows)))
+            window += length // rows_per_window
         return items
 
     def _encode_llava(self, model, pixel_values: torch.Tensor):

@@ -44,11 +44,11 @@ class Outcome:
             **extra,
         )
 
-    def minimum_embedding_bytes(self, image_token_id: int, row_bytes: int) -> int:
+    def minimum_embedding_bytes(self, placeholder_token_id: int, row_bytes: int) -> int:
         """Rows the decoder had to receive (placeholders it computed, not the ones its
         prefix cache held) x the bytes of a row (every plane, float32)."""
         computed = self.prompt_token_ids[self.cached_prompt_tokens :]
-        return computed.count(image_token_id) * row_bytes
+        return computed.count(placeholder_token_id) * row_bytes
 
 
 class MismatchError(SystemExit):

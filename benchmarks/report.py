@@ -56,7 +56,7 @@ def arms_table(cell: CellResult) -> str:
 def cell_section(cell: CellResult) -> str:
     return (
         f"#### {cell.name}\n\n{cell.description}; clients: {cell.concurrency}; realised reuse "
-        f"{cell.realised_reuse:.0%}; {cell.num_unique_items} unique images; mean prompt "
+        f"{cell.realised_reuse:.0%}; {cell.num_unique_items} unique items; mean prompt "
         f"{cell.mean_prompt_tokens:.0f} tokens.\n\n{arms_table(cell)}\n"
     )
 

@@ -28,6 +28,7 @@ from benchmarks.scale import FULL, QUICK, Scale
 from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
 from benchmarks.workloads import Spec
+from tessera.demo_models import AUDIO_DEMO_FAMILIES
 from tests.cluster import Cluster
 from tests.redis_server import PrivateRedis
 from tests.reference import Reference
@@ -37,6 +38,11 @@ SUITES = ["arms", "chunks", "poisson", "latency", "wire", "growth", "fleet"]
 # families get images from 200 px to 1500 px (Qwen2.5-VL bench: ~50 to ~2500 rows).
 IMAGE_SIDES = {name: (200, 1500) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")}
 DEFAULT_IMAGE_SIDES = (96, 320)
+# Audio families draw clips of 2-30 s instead of images (a Qwen2-Audio window is 30 s).
+CLIP_SECONDS = (2.0, 30.0)
+# Suites whose workloads are images whatever the family (latency: 4 items of a prompt
+# in one chunk, beyond a context of 30 s clips).
+IMAGE_ONLY_SUITES = ("latency", "growth", "wire", "fleet")
 # Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
 # request names its chunk size.
 DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
@@ -86,13 +92,17 @@ class Bench:
         )
         sides = self.args.image_sides or IMAGE_SIDES.get(self.args.family, DEFAULT_IMAGE_SIDES)
         self.env["image_sides"] = list(sides)
+        clips = CLIP_SECONDS if takes_audio(reference) else None
+        self.env["clip_seconds"] = list(clips) if clips else None
         self.runner = CellRunner(
             References(self.hf),
-            ModelShape(reference.image_token_id, reference.row_bytes, tuple(sides)),
+            ModelShape(reference.placeholder_token_id, reference.row_bytes, tuple(sides), clips),
         )
         self.arms = [self.hf, self.reencode, self.whole, self.no_cache, self.tessera]
         self.arms = [arm for arm in self.arms if arm is not None]
-        warm = Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1)
+        warm = self.runner.with_default_side(
+            Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1)
+        )
         self.runner.closed_loop("warm-up", warm, self.arms, 2)
 
     def _start_fleet(self) -> None:
@@ -283,6 +293,10 @@ class Bench:
         self.md[:0] = ["## Targets (DESIGN.md)\n", table, ""]
 
 
+def takes_audio(reference: Reference) -> bool:
+    return hasattr(reference.model.config, "audio_config")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint (default: a fresh bench demo model)")
@@ -303,6 +317,12 @@ def main() -> int:
     parser.add_argument("--redis-url", help="the tessera arm's encoder also uses this Redis")
     parser.add_argument("--suites", nargs="+", choices=SUITES, default=SUITES)
     args = parser.parse_args()
+    image_only = sorted(set(args.suites) & set(IMAGE_ONLY_SUITES))
+    if args.family in AUDIO_DEMO_FAMILIES and not args.model and image_only:
+        parser.error(
+            f"suites {', '.join(image_only)} send images; with --family {args.family} "
+            "choose from --suites arms chunks poisson"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args, QUICK if args.quick else FULL)
     started = time.perf_counter()

@@ -37,10 +37,12 @@ class References:
 
 @dataclass(frozen=True)
 class ModelShape:
-    image_token_id: int
+    placeholder_token_id: int
     row_bytes: int  # float32 bytes of one embedding row, every plane
     # Image sides (min, max) in px of workloads that do not set their own.
     image_side: tuple[int, int]
+    # Audio families: clip lengths (min, max) in s drawn instead of images.
+    clip_seconds: tuple[float, float] | None = None
 
 
 def _groups(requests: list[BenchRequest], size: int) -> list[list[BenchRequest]]:
@@ -61,10 +63,13 @@ class CellRunner:
         self.num_cross_checked = 0  # ... compared only with the other arms' (all equal)
 
     def with_default_side(self, spec: Spec) -> Spec:
+        """The spec with the run's item sizes where it sets none (clips for audio)."""
+        if self.shape.clip_seconds and not spec.clip_seconds:
+            spec = replace(spec, clip_seconds=self.shape.clip_seconds)
         return spec if spec.image_side else replace(spec, image_side=self.shape.image_side)
 
     def _start(self, arms: Sequence[Arm], requests: list[BenchRequest]):
-        unique = len({image for request in requests for image in request.images})
+        unique = len({item for request in requests for item in request.items})
         figures = {arm.name: ArmFigures(arm.name, num_unique_items=unique) for arm in arms}
         before: dict[str, ServiceCounters] = {}
         for arm in arms:
@@ -83,7 +88,7 @@ class CellRunner:
                 figures.add_bytes(
                     outcome.embedding_bytes,
                     outcome.minimum_embedding_bytes(
-                        self.shape.image_token_id, self.shape.row_bytes
+                        self.shape.placeholder_token_id, self.shape.row_bytes
                     ),
                 )
 
@@ -124,7 +129,7 @@ class CellRunner:
             concurrency=concurrency,
             chunk_tokens=spec.chunk_tokens,
             realised_reuse=realised_reuse(requests),
-            num_unique_items=len({i for r in requests for i in r.images}),
+            num_unique_items=len({i for r in requests for i in r.items}),
             mean_prompt_tokens=statistics.mean(self.prompt_lengths[r.key] for r in requests),
             arms=figures,
         )

@@ -1,8 +1,10 @@
-"""Seeded benchmark requests: images drawn from a pool with a given reuse, multi-turn
-conversations whose images repeat across turns, text and output lengths in ranges.
+"""Seeded benchmark requests: media items drawn from a pool with a given reuse,
+multi-turn conversations whose items repeat across turns, text and output lengths in
+ranges.
 
-Images are seeded noise PNGs (incompressible, ~100-250 KB each, like photos); every
-workload draws from its own seeds, so no two workloads share an image by accident.
+Images are seeded noise PNGs (incompressible, ~100-250 KB each, like photos); audio
+items are seeded tone-and-noise WAV clips (16 kHz mono, 32 KB per second). Every
+workload draws from its own seeds, so no two workloads share an item by accident.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
+from tessera.client import Audio
+from tests.audio_files import wav_clip
 from tests.reference import noise_image
 
 WORDS = [
@@ -19,7 +23,8 @@ WORDS = [
     *("river", "light", "shows", "many", "quiet", "people", "in", "park", "describe"),
 ]
 
-Message = tuple[str, list[str | bytes]]
+Item = bytes | Audio  # an encoded image, or an audio clip
+Message = tuple[str, list[str | Item]]
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,8 @@ class BenchRequest:
     cache_salt: str = ""
 
     @property
-    def images(self) -> list[bytes]:
-        return [p for _, parts in self.messages for p in parts if isinstance(p, bytes)]
+    def items(self) -> list[Item]:
+        return [p for _, parts in self.messages for p in parts if not isinstance(p, str)]
 
     @property
     def key(self) -> str:
@@ -40,7 +45,10 @@ class BenchRequest:
         for role, parts in self.messages:
             digest.update(role.encode())
             for part in parts:
-                digest.update(part if isinstance(part, bytes) else part.encode())
+                if isinstance(part, Audio):
+                    digest.update(b"audio:" + part.data)
+                else:
+                    digest.update(part if isinstance(part, bytes) else part.encode())
                 digest.update(b"\0")
         return digest.hexdigest()[:16]
 
@@ -62,6 +70,8 @@ class Spec:
     seed: int = 0
     # (min, max) side in px of the images drawn; None: the run's default for its family.
     image_side: tuple[int, int] | None = None
+    # Audio families: (min, max) seconds of the clips drawn instead of images.
+    clip_seconds: tuple[float, float] | None = None
     turns: int = 1  # > 1: multi-turn conversations, num_requests = conversations x turns
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -72,7 +82,8 @@ class Spec:
                 "a new image in half the turns"
             )
         else:
-            shape = f"{self.num_requests} requests, {self.images_per_request} img"
+            kind = "clip" if self.clip_seconds else "img"
+            shape = f"{self.num_requests} requests, {self.images_per_request} {kind}"
             shape += f", reuse {self.reuse:.0%}"
         return (
             f"{shape}, text {self.text_words[0]}-{self.text_words[1]} "
@@ -85,9 +96,13 @@ def _text(rng: random.Random, low: int, high: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
 
 
-def _image(rng: random.Random, seed: int, sides: tuple[int, int] | None) -> bytes:
-    if sides is None:
+def _item(rng: random.Random, seed: int, spec: Spec) -> Item:
+    """A clip of `spec.clip_seconds` when set, else an image of `spec.image_side`."""
+    if spec.clip_seconds:
+        return wav_clip(seed, round(rng.uniform(*spec.clip_seconds), 2))
+    if spec.image_side is None:
         raise ValueError("the workload has no image sides; give the spec its run's default")
+    sides = spec.image_side
     return noise_image(seed, rng.randint(*sides), rng.randint(*sides))
 
 
@@ -97,7 +112,7 @@ def pool_requests(spec: Spec) -> list[BenchRequest]:
     rng = random.Random(spec.seed)
     occurrences = spec.num_requests * spec.images_per_request
     num_distinct = max(1, round(occurrences * (1 - spec.reuse)))
-    pool = [_image(rng, spec.seed * 100_003 + i, spec.image_side) for i in range(num_distinct)]
+    pool = [_item(rng, spec.seed * 100_003 + i, spec) for i in range(num_distinct)]
     draws = pool + [rng.choice(pool) for _ in range(occurrences - num_distinct)]
     rng.shuffle(draws)
     requests = []
@@ -105,7 +120,7 @@ def pool_requests(spec: Spec) -> list[BenchRequest]:
         images = draws[index * spec.images_per_request : (index + 1) * spec.images_per_request]
         words = _text(rng, *spec.text_words).split()
         cut = rng.randint(0, min(8, len(words)))  # text before the images: ranges straddle
-        parts: list[str | bytes] = [" ".join(words[:cut])] if cut else []
+        parts: list[str | Item] = [" ".join(words[:cut])] if cut else []
         parts += [*images, " ".join(words[cut:])]
         requests.append(
             BenchRequest([("user", parts)], rng.randint(*spec.output_tokens), spec.chunk_tokens)
@@ -124,10 +139,10 @@ def multi_turn_requests(spec: Spec) -> list[BenchRequest]:
     requests = []
     for turn in range(spec.turns):
         for history in histories:
-            parts: list[str | bytes] = []
+            parts: list[str | Item] = []
             if turn == 0 or rng.random() < 0.5:
                 seed += 1
-                parts.append(_image(rng, seed, spec.image_side))
+                parts.append(_item(rng, seed, spec))
             parts.append(_text(rng, *spec.text_words))
             if history:
                 history.append(("assistant", [_text(rng, 8, 24)]))
@@ -147,5 +162,5 @@ def requests_for(spec: Spec) -> list[BenchRequest]:
 
 
 def realised_reuse(requests: list[BenchRequest]) -> float:
-    images = [image for request in requests for image in request.images]
-    return 1 - len(set(images)) / len(images) if images else 0.0
+    items = [item for request in requests for item in request.items]
+    return 1 - len(set(items)) / len(items) if items else 0.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers.masking_utils import create_bidirectional_mask
@@ -81,19 +82,25 @@ class Qwen2AudioFamily(HFFamily):
         )
         mel = features["input_features"].to(self.device, self.dtype)
         num_frames = features["attention_mask"].sum(-1).to(self.device)
-        conv_lengths, num_rows = model.audio_tower._get_feat_extract_output_lengths(num_frames)
-        max_conv_length = (mel.shape[-1] - 2) // 2 + 1
-        frame_mask = (
-            torch.arange(max_conv_length, device=self.device)[None, :] < conv_lengths[:, None]
-        )
-        attention = create_bidirectional_mask(
-            config=model.audio_tower.config,
-            inputs_embeds=torch.zeros(len(items), max_conv_length, 1, dtype=self.dtype),
-            attention_mask=frame_mask.long(),
-        )
-        hidden = model.audio_tower(mel, attention_mask=attention).last_hidden_state
-        rows = model.multi_modal_projector(hidden)
-        return [rows[index, : int(count)].to(self.dtype) for index, count in enumerate(num_rows)]
+        return [rows.to(self.dtype) for rows in audio_rows(model, mel, num_frames)]
+
+
+def audio_rows(model: Any, mel: torch.Tensor, num_frames: torch.Tensor) -> list[torch.Tensor]:
+    """Qwen2-Audio's own audio path (as in `Qwen2AudioModel.forward`) on `model.model`:
+    `mel` [clips, mel bins, 3000] padded features, `num_frames` [clips] frames that hold
+    audio. The encoder attends only to those frames; each clip's rows are cut to its
+    length after the projector."""
+    tower = model.audio_tower
+    conv_lengths, num_rows = tower._get_feat_extract_output_lengths(num_frames)
+    max_conv_length = (mel.shape[-1] - 2) // 2 + 1
+    positions = torch.arange(max_conv_length, device=mel.device)
+    attention = create_bidirectional_mask(
+        config=tower.config,
+        inputs_embeds=torch.zeros(len(mel), max_conv_length, 1, dtype=mel.dtype),
+        attention_mask=(positions[None, :] < conv_lengths[:, None]).long(),
+    )
+    rows = model.multi_modal_projector(tower(mel, attention_mask=attention).last_hidden_state)
+    return [rows[index, : int(count)] for index, count in enumerate(num_rows)]
 
 
 def _rows_from_frames(frames: int) -> int:

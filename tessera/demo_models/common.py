@@ -50,6 +50,18 @@ class TextSize:
         }
 
 
+def text_config_kwargs(size: TextSize, tok: PreTrainedTokenizerFast) -> dict[str, Any]:
+    """A demo text config's sizes, vocabulary and special ids (untied head)."""
+    return {
+        "vocab_size": len(tok),
+        **size.config_kwargs(),
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+        "tie_word_embeddings": False,
+    }
+
+
 @dataclass(frozen=True)
 class VisionSize:
     """Shape of a demo ViT (CLIP or SigLIP) over square images of `image_side` px."""

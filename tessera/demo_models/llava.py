@@ -31,6 +31,7 @@ from tessera.demo_models.common import (
     reinit_weights,
     save_checkpoint,
     silent_ids,
+    text_config_kwargs,
 )
 
 IMAGE_TOKEN = "<image>"
@@ -98,14 +99,7 @@ def build_tokenizer_for_llava() -> PreTrainedTokenizerFast:
 
 
 def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> LlavaConfig:
-    text = LlamaConfig(
-        vocab_size=len(tok),
-        **spec.text.config_kwargs(),
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    text = LlamaConfig(**text_config_kwargs(spec.text, tok))
     vision = CLIPVisionConfig(
         **spec.vision.config_kwargs(),
         projection_dim=spec.vision.hidden,

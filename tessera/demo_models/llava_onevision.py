@@ -38,6 +38,7 @@ from tessera.demo_models.common import (
     reinit_weights,
     save_checkpoint,
     silent_ids,
+    text_config_kwargs,
 )
 
 PAD_TOKEN = "<|endoftext|>"
@@ -126,14 +127,7 @@ def build_tokenizer_for_llava_onevision() -> PreTrainedTokenizerFast:
 
 
 def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> LlavaOnevisionConfig:
-    text = Qwen2Config(
-        vocab_size=len(tok),
-        **spec.text.config_kwargs(),
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    text = Qwen2Config(**text_config_kwargs(spec.text, tok))
     vision = SiglipVisionConfig(
         **spec.vision.config_kwargs(),
         vision_use_head=False,

@@ -35,6 +35,7 @@ from tessera.demo_models.common import (
     reinit_weights,
     save_checkpoint,
     silent_ids,
+    text_config_kwargs,
 )
 
 PAD_TOKEN = "<|endoftext|>"
@@ -90,14 +91,7 @@ def build_tokenizer_for_qwen2_audio() -> PreTrainedTokenizerFast:
 
 
 def _build_config(spec: DemoModelSize, tok: PreTrainedTokenizerFast) -> Qwen2AudioConfig:
-    text = Qwen2Config(
-        vocab_size=len(tok),
-        **spec.text.config_kwargs(),
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    text = Qwen2Config(**text_config_kwargs(spec.text, tok))
     audio = Qwen2AudioEncoderConfig(
         num_mel_bins=NUM_MEL_BINS,
         d_model=spec.audio.d_model,
