@@ -25,16 +25,27 @@ from tessera.wire import block_from_proto, media_item_to_proto
 
 log = logging.getLogger("tessera.decoder.fetch")
 
+# The encoder's trouble, not the item's: another replica may serve it. Any other status
+# (INVALID_ARGUMENT, NOT_FOUND with no bytes to re-encode from, ...) refuses the item.
 _TRY_NEXT_REPLICA = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.INTERNAL,
     grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
 }
 
 
 class FetchError(RuntimeError):
-    """No encoder could provide an item's rows."""
+    """No encoder could provide an item's rows: they are unreachable or failing. Not the
+    decoder's fault, and not the request's."""
+
+
+class ItemRefusedError(ValueError):
+    """An encoder refused an item for what it is (bytes it cannot decode, a hash that
+    does not match, rows outside the item): the request is at fault, retrying elsewhere
+    cannot help."""
 
 
 @dataclass(frozen=True)
@@ -95,9 +106,9 @@ class EmbeddingClient:
                 return await self._fetch_from(address, request_id, item, chunk_slice)
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _TRY_NEXT_REPLICA:
-                    raise FetchError(
-                        f"encoder {address} refused rows of item {chunk_slice.content_hash}: "
-                        f"{error.code().name}: {error.details()}"
+                    raise ItemRefusedError(
+                        f"encoder {address} refused item {chunk_slice.content_hash}: "
+                        f"{error.details()}"
                     ) from None
                 log.warning("encoder %s failed (%s); trying the next", address, error.code().name)
                 errors.append(f"{address}: {error.code().name}")

@@ -38,6 +38,10 @@ from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 log = logging.getLogger("tessera.decoder")
 
 
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine; the others in its step go on."""
+
+
 @dataclass
 class EngineCounters:
     num_steps: int = 0
@@ -139,7 +143,11 @@ class Engine:
         self.counters.num_batched_tokens += output.num_tokens
         self.counters.num_scheduled_requests += len(output.work)
         for item, request_logits in zip(inputs, logits, strict=True):
-            self._postprocess(item.work, request_logits)
+            try:
+                self._postprocess(item.work, request_logits)
+            except Exception as error:  # sampling or bookkeeping of one request: it ends alone
+                log.exception("request %s failed after its forward", item.work.request.request_id)
+                self._fail(item.work.request, RequestFailedError(f"the request failed: {error}"))
 
     # -- embeddings ----------------------------------------------------------------------
 

@@ -6,8 +6,6 @@ import torch
 
 from decoder_service.request import SampledToken, SamplingOptions, TopLogprob
 
-MAX_TOP_LOGPROBS = 20
-
 
 def sample(
     logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator

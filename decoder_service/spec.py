@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
-from decoder_service.sampler import MAX_TOP_LOGPROBS
 from tessera.adapters import ModelFamily
 from tessera.hashing import is_content_hash
+from tessera.limits import check_request_id
 from tessera.media import ProcessingOptions
 from tessera.placeholders import validate_ranges
+from tessera.sampling import check_sampling, effective_temperature
 from tessera.v1 import common_pb2, decoder_pb2
 from tessera.wire import range_from_proto
 
@@ -18,12 +19,7 @@ def sampling_from_proto(
     message: common_pb2.SamplingParams, default_max_tokens: int, max_new_tokens: int
 ) -> SamplingOptions:
     """`max_new_tokens` is what the context leaves after the prompt."""
-    if message.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {message.temperature}")
-    if not 0 <= message.top_p <= 1:
-        raise ValueError(f"top_p must be in [0, 1], got {message.top_p}")
-    if message.num_top_logprobs > MAX_TOP_LOGPROBS:
-        raise ValueError(f"num_top_logprobs must be <= {MAX_TOP_LOGPROBS}")
+    check_sampling(message)
     if message.max_tokens > max_new_tokens:
         raise ValueError(
             f"max_tokens {message.max_tokens} exceeds what the context leaves after the "
@@ -31,7 +27,7 @@ def sampling_from_proto(
         )
     return SamplingOptions(
         max_tokens=message.max_tokens or min(default_max_tokens, max_new_tokens),
-        temperature=message.temperature,
+        temperature=effective_temperature(message.temperature),
         top_p=message.top_p or 1.0,
         top_k=message.top_k,
         seed=message.seed if message.HasField("seed") else None,
@@ -50,6 +46,7 @@ def spec_from_proto(
 ) -> DecodeSpec:
     if not message.request_id:
         raise ValueError("request_id is empty; give every request an id")
+    check_request_id(message.request_id, "request_id")
     prompt = tuple(message.prompt_token_ids)
     if not prompt:
         raise ValueError("prompt_token_ids is empty")

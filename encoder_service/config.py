@@ -19,6 +19,9 @@ class EncoderConfig:
     dtype: str
     cache_bytes: int
     default_lease_ms: int
+    max_lease_ms: int
+    max_slices_per_call: int
+    max_slice_bytes_per_call: int
     max_batch_items: int
     max_batch_wait_ms: float
     redis_url: str | None
@@ -58,6 +61,24 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=60_000,
         help="how long an Encode pins its items when the caller names no lease length",
+    )
+    parser.add_argument(
+        "--max-lease-ms",
+        type=int,
+        default=300_000,
+        help="longest pin a caller may ask for (longer leases are refused)",
+    )
+    parser.add_argument(
+        "--max-slices-per-call",
+        type=int,
+        default=1024,
+        help="most row slices one GetEmbeddingSlices may ask for",
+    )
+    parser.add_argument(
+        "--max-slice-bytes-per-call",
+        type=int,
+        default=256 << 20,
+        help="most embedding bytes one GetEmbeddingSlices may ask for",
     )
     parser.add_argument(
         "--max-batch-items", type=int, default=16, help="most items in one encoder forward"

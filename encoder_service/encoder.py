@@ -202,18 +202,27 @@ class EncoderCore:
         return block
 
     async def resolve_slices(
-        self, requests: Sequence[RowRequest], lease: Lease | None
+        self, requests: Sequence[RowRequest], lease: Lease | None, max_bytes: int | None = None
     ) -> list[RowBlock]:
         """The rows of each request: from memory, an encode in flight, or Redis (only the
         rows asked for). Raises UnknownItemError for an item found nowhere, ValueError for
-        rows outside the item; nothing is streamed until every request is resolved."""
+        rows outside the item or past `max_bytes` in all; nothing is streamed until every
+        request is resolved, so the bound holds for what the call materialises."""
         blocks = []
+        num_bytes = 0
         for request in requests:
             if not is_content_hash(request.content_hash):
                 raise ValueError(f"{request.content_hash!r} is not a content hash")
             if request.start >= request.end:
                 raise ValueError(f"rows [{request.start}, {request.end}) are empty")
-            blocks.append(await self._rows(request, lease))
+            block = await self._rows(request, lease)
+            num_bytes += len(block.data)
+            if max_bytes is not None and num_bytes > max_bytes:
+                raise ValueError(
+                    f"the slices ask for more than {max_bytes} bytes in one call "
+                    "(--max-slice-bytes-per-call); ask for fewer rows per call"
+                )
+            blocks.append(block)
         return blocks
 
     async def _rows(self, request: RowRequest, lease: Lease | None) -> RowBlock:

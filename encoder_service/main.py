@@ -11,7 +11,7 @@ import torch
 from encoder_service.config import EncoderConfig, add_encoder_flags
 from encoder_service.encoder import EncoderCore, FleetSettings
 from encoder_service.memory_store import MemoryStore
-from encoder_service.servicer import EncoderServicer, metric_readings
+from encoder_service.servicer import CallLimits, EncoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.metrics import new_registry, serve_metrics
 from tessera.server import configure_logging, redact, serve, service_spec
@@ -25,7 +25,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 async def run(config: EncoderConfig) -> None:
-    servicer = EncoderServicer(config.default_lease_ms, config.slice_message_bytes)
+    limits = CallLimits(
+        config.default_lease_ms,
+        config.max_lease_ms,
+        config.max_slices_per_call,
+        config.max_slice_bytes_per_call,
+    )
+    servicer = EncoderServicer(limits, config.slice_message_bytes)
 
     async def load() -> str:
         options = LoadOptions(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -16,6 +17,7 @@ from encoder_service.encoder import (
     UnknownItemError,
 )
 from encoder_service.memory_store import Lease
+from tessera.limits import check_request_id
 from tessera.media import ProcessingOptions
 from tessera.metrics import StatField, readings_from
 from tessera.server import abort_unless_ready
@@ -30,15 +32,32 @@ _SOURCE_TO_PROTO = {
 }
 
 
+@dataclass(frozen=True)
+class CallLimits:
+    """What one call may ask of this encoder, whoever makes it."""
+
+    default_lease_ms: int
+    max_lease_ms: int
+    max_slices_per_call: int
+    max_slice_bytes_per_call: int
+
+
 class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
-    def __init__(self, default_lease_ms: int, slice_message_bytes: int):
+    def __init__(self, limits: CallLimits, slice_message_bytes: int):
         self.core: EncoderCore | None = None  # set once the model is loaded
         self.background: list[asyncio.Task] = []
-        self.default_lease_ms = default_lease_ms
+        self.limits = limits
         self.slice_message_bytes = slice_message_bytes
 
     def _lease(self, owner: str, lease_ms: int) -> Lease | None:
-        return Lease(owner, (lease_ms or self.default_lease_ms) / 1000) if owner else None
+        """Raises ValueError for a lease longer than --max-lease-ms or an overlong owner."""
+        check_request_id(owner, "lease_owner")
+        if lease_ms > self.limits.max_lease_ms:
+            raise ValueError(
+                f"lease_ms {lease_ms} is above this encoder's limit of "
+                f"{self.limits.max_lease_ms} (--max-lease-ms)"
+            )
+        return Lease(owner, (lease_ms or self.limits.default_lease_ms) / 1000) if owner else None
 
     async def Encode(self, request, context):
         await abort_unless_ready(context, self.core is not None)
@@ -76,8 +95,15 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         await abort_unless_ready(context, self.core is not None)
         requests = [RowRequest(s.content_hash, s.start, s.end) for s in request.slices]
         try:
+            if len(requests) > self.limits.max_slices_per_call:
+                raise ValueError(
+                    f"{len(requests)} slices in one call; at most "
+                    f"{self.limits.max_slices_per_call} (--max-slices-per-call)"
+                )
             blocks = await self.core.resolve_slices(
-                requests, self._lease(request.lease_owner, request.lease_ms)
+                requests,
+                self._lease(request.lease_owner, request.lease_ms),
+                self.limits.max_slice_bytes_per_call,
             )
         except UnknownItemError as error:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(error))

@@ -21,6 +21,7 @@ from gateway.pipeline import (
 )
 from gateway.prompt import ChatInput, Prompt, PromptError
 from gateway.stops import StopMatcher
+from tessera.sampling import check_sampling
 from tessera.v1 import common_pb2, decoder_pb2
 
 log = logging.getLogger("tessera.gateway")
@@ -131,6 +132,10 @@ class GatewayFront:
         """Streams (final text, event) pairs; fills `outcome` at the end. Raises Rejected
         or DownstreamError; a client that goes away cancels it (and everything below)."""
         self.check_model(request.model)
+        try:
+            check_sampling(request.sampling)
+        except ValueError as error:
+            raise Rejected(str(error), param="sampling") from None
         if self._num_queued >= self.max_queued_requests:
             self.metrics.requests.labels("rejected").inc()
             raise Rejected(

@@ -30,6 +30,7 @@ from gateway.front import GatewayFront, Outcome, Rejected
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import DownstreamError, GenerationPipeline
 from gateway.prompt import PromptError
+from tessera.limits import check_request_id
 
 log = logging.getLogger("tessera.gateway.http")
 
@@ -92,6 +93,12 @@ class HttpApi:
 
     async def chat_completions(self, request: Request) -> Response:
         request_id = request.headers.get(REQUEST_ID_HEADER) or GenerationPipeline.new_request_id()
+        try:
+            check_request_id(request_id, REQUEST_ID_HEADER)
+        except ValueError as error:
+            # Never echoed back: the response carries an id of our own.
+            refused = HttpError(400, "invalid_request_error", str(error), REQUEST_ID_HEADER)
+            return refused.response(GenerationPipeline.new_request_id())
         try:
             body = await self._read_json(request)
             chat = await openai_api.chat_request_from_body(

@@ -14,9 +14,8 @@ from gateway.media_fetch import MediaFetchPolicy, MediaURLError, load_media_url
 from gateway.prompt import ChatInput, MediaPart, TextPart
 from tessera.media import options_from_json
 from tessera.placeholders import Modality
+from tessera.sampling import MAX_TOP_LOGPROBS
 from tessera.v1 import common_pb2
-
-MAX_TOP_LOGPROBS = 20
 
 
 def _require(condition: bool, message: str, param: str) -> None:

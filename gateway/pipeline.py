@@ -146,6 +146,11 @@ class GenerationPipeline:
                 # error says what is wrong with the input.
                 if encode_task.done() and isinstance(encode_task.exception(), DownstreamError):
                     raise encode_task.exception() from None
+                if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    # The decoder is fine; the item's encoders could not serve its rows.
+                    raise DownstreamError(
+                        grpc.StatusCode.UNAVAILABLE, f"encoders: {error.details()}"
+                    ) from None
                 raise DownstreamError(error.code(), f"decoder: {error.details()}") from None
             finally:
                 call.cancel()

@@ -134,12 +134,29 @@ class PromptBuilder:
                             f"{part.modality.value}"
                         )
                     media.append(part)
+        self._check_text_length(messages)
         if len(media) > self.limit_mm_per_prompt:
             raise PromptError(
                 f"{len(media)} media items; at most {self.limit_mm_per_prompt} per request "
                 "(--limit-mm-per-prompt)"
             )
         return media
+
+    def _check_text_length(self, messages: Sequence[ChatInput]) -> None:
+        """Refuses text that cannot fit the context before it is tokenized: tokenizing
+        costs memory and time in proportion to the text, whatever the context."""
+        num_chars = sum(
+            len(part.text)
+            for message in messages
+            for part in message.parts
+            if isinstance(part, TextPart)
+        )
+        max_chars = self.family.max_model_len * self.family.max_token_chars
+        if num_chars > max_chars:
+            raise PromptError(
+                f"the messages hold {num_chars} characters of text; this model's context of "
+                f"{self.family.max_model_len} tokens holds at most {max_chars}: shorten them"
+            )
 
     def _prepare(self, index: int, part: MediaPart, options: ProcessingOptions) -> _PreparedItem:
         try:

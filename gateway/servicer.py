@@ -7,6 +7,7 @@ import grpc
 from gateway.front import ChatRequest, GatewayFront, Outcome, Rejected
 from gateway.pipeline import DownstreamError, GenerationPipeline
 from gateway.prompt import ChatInput, MediaPart, PromptError, TextPart
+from tessera.limits import check_request_id
 from tessera.placeholders import Modality
 from tessera.server import abort_unless_ready
 from tessera.v1 import common_pb2, decoder_pb2, gateway_pb2, gateway_pb2_grpc
@@ -22,6 +23,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         await abort_unless_ready(context, self.front is not None)
         request_id = request.request_id or _metadata(context, REQUEST_ID_KEY)
         request_id = request_id or GenerationPipeline.new_request_id()
+        try:
+            check_request_id(request_id)
+        except ValueError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         await context.send_initial_metadata([(REQUEST_ID_KEY, request_id)])
         outcome = Outcome()
         try:

@@ -141,6 +141,10 @@ class ModelFamily(Protocol):
     max_audio_seconds: float | None
     vocab_size: int
     max_model_len: int
+    # The most characters one token stands for (the longest vocabulary entry): text of
+    # more than max_model_len * max_token_chars characters cannot fit the context, which
+    # the front door tells without tokenizing it.
+    max_token_chars: int
     eos_token_ids: tuple[int, ...]
     device: torch.device
     dtype: torch.dtype

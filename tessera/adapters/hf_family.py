@@ -63,6 +63,7 @@ class HFFamily:
         self.max_audio_seconds: float | None = None
         self.vocab_size = int(text.vocab_size)
         self.max_model_len = int(text.max_position_embeddings)
+        self.max_token_chars = _max_token_chars(self._tokenizer)
         self.eos_token_ids = _eos_token_ids(model_dir, self._tokenizer)
 
     def _check_chat_template(self) -> None:
@@ -233,6 +234,20 @@ class HFFamily:
         if module is None:
             raise PartNotLoadedError(f"the {what} of {self.model_dir} was not loaded here")
         return module
+
+
+# For a tokenizer that does not list its vocabulary: generous, so no prompt that fits is
+# refused, and still a bound on what the front door tokenizes.
+_UNLISTED_MAX_TOKEN_CHARS = 1024
+
+
+def _max_token_chars(tokenizer: Any) -> int:
+    """The longest vocabulary entry, in characters: byte-level BPE entries spell one
+    character per byte, so an entry is never shorter than the text its token covers."""
+    try:
+        return max(1, max(len(entry) for entry in tokenizer.get_vocab()))
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        return _UNLISTED_MAX_TOKEN_CHARS
 
 
 def _load_config(model_dir: Path) -> Any:

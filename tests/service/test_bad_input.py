@@ -90,6 +90,12 @@ GATEWAY_CASES = {
     "message without parts": ((gateway_pb2.ChatMessage(role="user"),), {}, "no content"),
     "negative temperature": ((user(text("hi")),), {"temperature": -1.0}, "temperature"),
     "too many logprobs": ((user(text("hi")),), {"num_top_logprobs": 50}, "logprobs"),
+    "nan temperature": ((user(text("hi")),), {"temperature": float("nan")}, "temperature"),
+    "text that cannot fit the context": (
+        (user(text("word " * 100_000)),),
+        {},
+        "characters of text",
+    ),
 }
 
 
@@ -106,6 +112,19 @@ def test_gateway_rejects(gateway, case):
         list(gateway.Generate(request, timeout=60))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
     assert phrase in caught.value.details()
+    assert_still_serving(gateway)
+
+
+def test_gateway_refuses_an_overlong_request_id(gateway):
+    request = gateway_pb2.GenerateRequest(
+        request_id="x" * 100_000,
+        messages=[user(text("hi"))],
+        sampling=common_pb2.SamplingParams(max_tokens=2),
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        list(gateway.Generate(request, timeout=60))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 128" in caught.value.details()
     assert_still_serving(gateway)
 
 
@@ -189,6 +208,11 @@ def test_decoder_rejects_malformed_requests(cluster, decoder, reference):
             "encoder address",
         ),
         "prompt as long as the context": (decode_request([5] * 2048), "context"),
+        "a request id of 100 kB": (
+            decoder_pb2.DecodeRequest(request_id="x" * 100_000, prompt_token_ids=[1, 2]),
+            "at most 128",
+        ),
+        "nan top_p": (decode_request([1, 5, 6], top_p=float("nan")), "top_p"),
     }
     for name, (request, phrase) in cases.items():
         with pytest.raises(grpc.RpcError) as caught:
@@ -231,6 +255,29 @@ def test_encoder_slice_errors(encoder, cluster):
         assert phrase in caught.value.details()
     rows = slices(content_hash, 2, num_rows)
     assert sum(m.rows.shape[0] for m in rows) == num_rows - 2
+
+    # A hostile caller: pins for good, or one call that copies the item 100k times.
+    forever = encoder_pb2.GetEmbeddingSlicesRequest(
+        slices=[encoder_pb2.RowSlice(content_hash=content_hash, start=0, end=num_rows)],
+        lease_owner="someone",
+        lease_ms=4294967295,
+    )
+    many = encoder_pb2.GetEmbeddingSlicesRequest(
+        slices=[encoder_pb2.RowSlice(content_hash=content_hash, start=0, end=num_rows)] * 100_000
+    )
+    long_owner = encoder_pb2.GetEmbeddingSlicesRequest(
+        slices=[encoder_pb2.RowSlice(content_hash=content_hash, start=0, end=num_rows)],
+        lease_owner="x" * 100_000,
+    )
+    for request, phrase in [
+        (forever, "--max-lease-ms"),
+        (many, "--max-slices-per-call"),
+        (long_owner, "at most 128"),
+    ]:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(encoder.GetEmbeddingSlices(request, timeout=30))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert phrase in caught.value.details()
 
 
 def test_encoder_rejects_bad_items(encoder):

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import grpc
 import pytest
 
 from decoder_service.config import DecoderConfig
+from decoder_service.engine import RequestFailedError
 from decoder_service.main import build_engine
 from decoder_service.main import build_parser as build_decoder_parser
 from decoder_service.paged_attention import ATTENTION_NAME, PagedKVStore
-from decoder_service.request import SampledToken
+from decoder_service.request import SampledToken, SamplingOptions
 from decoder_service.spec import spec_from_proto
 from gateway.prompt import PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
@@ -102,9 +104,10 @@ def decode_spec(family, builder, encoder: str, index: int, prompt, chunk: int):
     return spec_from_proto(message, family, 2048, 64, MAX_NEW_TOKENS)
 
 
-async def run_all(engine, specs) -> list[list[int]]:
+async def run_all(engine, specs, return_exceptions: bool = False) -> list:
     """Every request is queued before the engine's first step, so what it schedules does
-    not depend on arrival times."""
+    not depend on arrival times. With `return_exceptions`, a failed request's error
+    takes its place in the list."""
 
     async def tokens(spec) -> list[int]:
         return [e.token_id async for e in engine.generate(spec) if isinstance(e, SampledToken)]
@@ -113,7 +116,7 @@ async def run_all(engine, specs) -> list[list[int]]:
     while len(engine.scheduler.waiting) < len(specs):
         await asyncio.sleep(0)
     engine.start()
-    return list(await asyncio.gather(*tasks))
+    return list(await asyncio.gather(*tasks, return_exceptions=return_exceptions))
 
 
 def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, reference):
@@ -271,3 +274,29 @@ def test_a_client_deadline_ends_the_request_everywhere(cluster):
     stats = decoder_stats(address)
     assert stats.num_running == 0 and stats.num_free_kv_blocks == stats.num_kv_blocks
     assert stats.num_aborted > start.num_aborted
+
+
+def test_a_request_that_fails_in_its_step_ends_alone(demo_model_dir, cluster, reference):
+    """A spec built without the decoder's checks (temperature 1e-39 makes the sampler's
+    softmax NaN and torch.multinomial raise) shares every step with three others: it
+    fails with its own error, they finish exactly as generate() says."""
+    options = LoadOptions(
+        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
+    )
+    family = load_family(str(demo_model_dir), options)
+    builder = PromptBuilder(family, MediaLimits(10**8), 16)
+    encoder = cluster.address("encoder")
+    good = [decode_spec(family, builder, encoder, i, p, 64) for i, p in enumerate(TEXT_PROMPTS)]
+    unchecked = SamplingOptions(max_tokens=MAX_NEW_TOKENS, temperature=1e-39)
+    poison = replace(good[0], request_id="poison", sampling=unchecked)
+    args = build_decoder_parser().parse_args(["--model", str(demo_model_dir)])
+    engine = build_engine(DecoderConfig.from_args(args), family)
+
+    outcomes = asyncio.run(run_all(engine, [poison, *good], return_exceptions=True))
+    error, results = outcomes[0], outcomes[1:]
+    assert isinstance(error, RequestFailedError), error
+    assert "the request failed" in str(error)
+    for tokens, prompt in zip(results, TEXT_PROMPTS, strict=True):
+        assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
+    assert engine.counters.num_scheduled_requests > engine.counters.num_steps, "shared steps"
+    assert not engine.scheduler.running and not engine.scheduler.waiting

@@ -247,6 +247,15 @@ def test_slow_media_server_hits_the_timeout(client, media_server):
     assert "longer than" in str(caught.value)
 
 
+def test_an_overlong_request_id_is_400_and_not_echoed(api):
+    body = {"model": "tessera-demo", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"X-Request-Id": "x" * 4000}
+    response = httpx.post(api.http + "/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "X-Request-Id"
+    assert len(response.headers["X-Request-Id"]) <= 128
+
+
 def test_oversized_body_is_413(api):
     body = {"model": "tessera-demo", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
     response = httpx.post(api.http + "/v1/chat/completions", json=body, timeout=30)

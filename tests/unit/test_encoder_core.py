@@ -113,3 +113,18 @@ def test_a_cancelled_request_does_not_cancel_the_shared_computation():
         assert encoder.counters.num_items_computed == 1
 
     asyncio.run(scenario())
+
+
+def test_one_call_materialises_at_most_its_byte_budget():
+    async def scenario() -> None:
+        family = HeldFamily()
+        family.release.set()
+        encoder = core(family)
+        wanted = item(4)
+        await encoder.encode([wanted], None)
+        whole = RowRequest(wanted.content_hash, 0, 4)  # 4 rows x 8 float32 = 128 bytes
+        assert len(await encoder.resolve_slices([whole] * 2, None, max_bytes=256)) == 2
+        with pytest.raises(ValueError, match="--max-slice-bytes-per-call"):
+            await encoder.resolve_slices([whole] * 3, None, max_bytes=256)
+
+    asyncio.run(scenario())

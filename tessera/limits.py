@@ -1,0 +1,16 @@
+"""Bounds every service puts on what one caller may send, whoever the caller is."""
+
+from __future__ import annotations
+
+# A request id (and an encoder lease owner) is a label: a uuid is 32 characters, a
+# client's own ids are rarely above 64. Longer ones are refused, not truncated.
+MAX_REQUEST_ID_CHARS = 128
+
+
+def check_request_id(request_id: str, what: str = "request id") -> str:
+    """`request_id` itself; raises ValueError if it is longer than MAX_REQUEST_ID_CHARS."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise ValueError(
+            f"the {what} has {len(request_id)} characters; at most {MAX_REQUEST_ID_CHARS}"
+        )
+    return request_id
