@@ -107,7 +107,7 @@ class HttpApi:
             self.front.check_model(chat.model)
             model = chat.model or self.front.model_name
             if body.get("stream"):
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                include_usage = openai_api.include_usage(body)
                 events = self._stream(chat, model, include_usage)
                 first = await anext(events)  # errors before the first token are plain HTTP errors
                 return StreamingResponse(
@@ -180,6 +180,8 @@ class HttpApi:
             raise HttpError(
                 400, "invalid_request_error", f"the body is not JSON: {error}"
             ) from None
+        except RecursionError:  # 100k nested brackets: a 400, not a crashed handler
+            raise HttpError(400, "invalid_request_error", "the body nests too deeply") from None
 
     def _too_large(self) -> HttpError:
         return HttpError(

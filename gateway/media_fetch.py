@@ -44,6 +44,10 @@ async def load_media_url(url: str, policy: MediaFetchPolicy) -> bytes:
         raise MediaURLError(
             f"fetching {url} took longer than {policy.timeout_seconds:g}s"
         ) from None
+    except (httpx.HTTPError, OSError):
+        # One message for refused, reset and TLS-broken connections alike, so that the
+        # answer does not tell which ports of an allowed host are open.
+        raise MediaURLError(f"fetching {url} failed; check that the URL serves the file") from None
 
 
 def decode_data_url(url: str, max_bytes: int) -> bytes:
@@ -88,7 +92,11 @@ async def _read_capped(response: httpx.Response, url: str, max_bytes: int) -> by
 
 
 async def check_url(url: str, policy: MediaFetchPolicy) -> None:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # "http://[::1" and other malformed authorities
+        raise MediaURLError(f"media URL {url!r} is malformed") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise MediaURLError(f"media URL {url!r}: use a data: URL or an http(s) URL")
     host = parts.hostname.lower()
@@ -97,7 +105,7 @@ async def check_url(url: str, policy: MediaFetchPolicy) -> None:
         raise MediaURLError(f"host {host} is not an allowed media domain ({allowed})")
     if host in policy.private_hosts:
         return
-    for address in await _addresses(host, parts.port or (443 if parts.scheme == "https" else 80)):
+    for address in await _addresses(host, port or (443 if parts.scheme == "https" else 80)):
         if not address.is_global:
             raise MediaURLError(
                 f"host {host} resolves to {address}, a private, loopback or link-local address"

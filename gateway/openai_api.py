@@ -65,6 +65,13 @@ def stops_from_body(body: dict) -> list[str]:
     return stops
 
 
+def include_usage(body: dict) -> bool:
+    """`stream_options.include_usage`; `stream_options` must be an object."""
+    options = body.get("stream_options") or {}
+    _require(isinstance(options, dict), "stream_options must be an object", "stream_options")
+    return bool(options.get("include_usage"))
+
+
 async def messages_from_body(body: dict, policy: MediaFetchPolicy) -> list[ChatInput]:
     messages = body.get("messages")
     _require(
@@ -100,7 +107,7 @@ def _message(index: int, message: Any) -> tuple[str, list]:
     _require(isinstance(role, str), f"{param}.role must be a string", f"{param}.role")
     content = message.get("content")
     if isinstance(content, str):
-        return role, [TextPart(content)]
+        return role, [TextPart(_unicode(content, f"{param}.content"))]
     _require(
         isinstance(content, list) and content,
         f"{param}.content must be a string or a non-empty list of parts",
@@ -109,12 +116,21 @@ def _message(index: int, message: Any) -> tuple[str, list]:
     return role, [_part(f"{param}.content[{i}]", part) for i, part in enumerate(content)]
 
 
+def _unicode(text: str, param: str) -> str:
+    """JSON may carry lone surrogates ("\\ud800"), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Rejected(f"{param} is not valid Unicode (a lone surrogate)", param=param) from None
+    return text
+
+
 def _part(param: str, part: Any) -> TextPart | _PendingMedia:
     _require(isinstance(part, dict), f"{param} must be an object", param)
     kind = part.get("type")
     if kind == "text":
         _require(isinstance(part.get("text"), str), f"{param}.text must be a string", param)
-        return TextPart(part["text"])
+        return TextPart(_unicode(part["text"], f"{param}.text"))
     if kind in _URL_PARTS:
         holder = part.get(kind)
         url = holder.get("url") if isinstance(holder, dict) else holder

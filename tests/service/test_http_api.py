@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import json
 import threading
 import time
 
@@ -245,6 +246,50 @@ def test_slow_media_server_hits_the_timeout(client, media_server):
     with pytest.raises(openai.BadRequestError) as caught:
         chat(client, [image_part(f"http://{media_server}/slow.png")])
     assert "longer than" in str(caught.value)
+
+
+def test_malformed_edges_are_400_in_openai_shape(api):
+    """Each of these used to close the connection with a 500."""
+    url = api.http + "/v1/chat/completions"
+    closed_port = free_port()
+    cases = {
+        "lone surrogate": (
+            json.dumps({"messages": [{"role": "user", "content": "a \ud800 b"}]}),
+            "lone surrogate",
+        ),
+        "nested brackets": ("[" * 100_000, "nests too deeply"),
+        "stream_options not an object": (
+            json.dumps(
+                {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+                | {"stream_options": "x"}
+            ),
+            "stream_options",
+        ),
+        "malformed URL": (
+            json.dumps({"messages": [{"role": "user", "content": [image_part("http://[::1")]}]}),
+            "malformed",
+        ),
+        "refused connection to an allowed host": (
+            json.dumps(
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [image_part(f"http://localhost:{closed_port}/a.png")],
+                        }
+                    ]
+                }
+            ),
+            "failed",
+        ),
+    }
+    for name, (body, phrase) in cases.items():
+        headers = {"content-type": "application/json"}
+        response = httpx.post(url, content=body, headers=headers, timeout=30)
+        assert response.status_code == 400, (name, response.status_code, response.text)
+        assert phrase in response.json()["error"]["message"], name
+    still = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+    assert still.status_code == 200
 
 
 def test_an_overlong_request_id_is_400_and_not_echoed(api):
