@@ -148,7 +148,7 @@ class EncoderCore:
         task = self._in_flight.get(name)
         if task is not None:
             self.counters.num_joined_in_flight += 1
-            return asyncio.ensure_future(self._finish(name, task, lease, Source.JOINED))
+            return asyncio.ensure_future(self._join(item, task, lease))
         task = asyncio.create_task(self._resolve(item))
         self._in_flight[name] = task
         task.add_done_callback(self._forget)
@@ -162,6 +162,19 @@ class EncoderCore:
         # put() re-inserts an entry evicted since, and pins it for this request.
         self.store.put(name, block, lease)
         return block, source or resolved
+
+    async def _join(
+        self, item: EncodeItem, task: asyncio.Task, lease: Lease | None
+    ) -> tuple[RowBlock, Source]:
+        """The computation in flight for this hash, unless it fails for its own bytes (a
+        caller that named this hash for other content): then this item's own bytes are
+        encoded, so one hostile caller cannot fail everyone who asked for the item."""
+        try:
+            return await self._finish(item.content_hash, task, lease, Source.JOINED)
+        except InvalidItemError:
+            if self._in_flight.get(item.content_hash) is task:
+                del self._in_flight[item.content_hash]
+            return await self._start(item, lease)
 
     def _forget(self, task: asyncio.Task) -> None:
         for name, running in list(self._in_flight.items()):
@@ -229,8 +242,12 @@ class EncoderCore:
         name = request.content_hash
         block = self.store.get(name, lease)
         if block is None and name in self._in_flight:
-            block, _ = await asyncio.shield(self._in_flight[name])
-            self.store.put(name, block, lease)
+            try:
+                block, _ = await asyncio.shield(self._in_flight[name])
+            except InvalidItemError:
+                block = None  # other bytes sent under this hash: the item is still unknown
+            else:
+                self.store.put(name, block, lease)
         if block is not None:
             if request.end > block.num_rows:
                 raise ValueError(
@@ -275,10 +292,11 @@ class EncoderCore:
                 continue
             actual = media.content_hash(self.family.fingerprint, item.options)
             if actual != item.content_hash:
+                # The hash of what was sent is not said: it would be an oracle.
                 outcomes.append(
                     InvalidItemError(
-                        f"content hash {item.content_hash} does not match the item's content "
-                        f"({actual}); do the gateway and encoder serve the same model?"
+                        f"content hash {item.content_hash} does not match the item's content; "
+                        "do the gateway and encoder serve the same model?"
                     )
                 )
                 continue

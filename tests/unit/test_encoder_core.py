@@ -10,12 +10,19 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from encoder_service.encoder import EncodeItem, EncoderCore, RowRequest, UnknownItemError
+from encoder_service.encoder import (
+    EncodeItem,
+    EncoderCore,
+    InvalidItemError,
+    RowRequest,
+    UnknownItemError,
+)
 from encoder_service.memory_store import Lease, MemoryStore
 from tessera.adapters import MediaInput
 from tessera.media import ProcessingOptions, decode_image
 from tessera.media_decoder import MediaLimits
 from tessera.placeholders import Modality
+from tessera.tensor_codec import encode_rows
 from tests.reference import noise_image
 
 FINGERPRINT = "f" * 32
@@ -126,5 +133,40 @@ def test_one_call_materialises_at_most_its_byte_budget():
         assert len(await encoder.resolve_slices([whole] * 2, None, max_bytes=256)) == 2
         with pytest.raises(ValueError, match="--max-slice-bytes-per-call"):
             await encoder.resolve_slices([whole] * 3, None, max_bytes=256)
+
+    asyncio.run(scenario())
+
+
+def test_other_bytes_under_a_hash_fail_alone_and_reveal_nothing():
+    """A caller names the victim's hash with other bytes and starts first: the victim's
+    Encode and slice request, which join that computation, still get the victim's rows."""
+
+    async def scenario() -> None:
+        family = HeldFamily()
+        encoder = core(family)
+        victim = item(5)
+        forged = EncodeItem(victim.content_hash, Modality.IMAGE, noise_image(6, 20, 20))
+        attack = asyncio.create_task(encoder.encode([forged], None))
+        await asyncio.sleep(0)  # the forged computation is in flight first
+        honest = asyncio.create_task(encoder.encode([victim], None))
+        rows = asyncio.create_task(
+            encoder.resolve_slices([RowRequest(victim.content_hash, 0, 2)], None)
+        )
+        await asyncio.sleep(0.05)
+        family.release.set()
+        with pytest.raises(InvalidItemError) as refused:
+            await attack
+        assert "does not match" in str(refused.value)
+        real_hash = decode_image(forged.data).content_hash(FINGERPRINT)
+        assert real_hash not in str(refused.value), "the true hash is not revealed"
+        (result,) = await honest
+        assert result.source.value == "computed"
+        expected = float(decode_image(victim.data).image.getpixel((0, 0))[0])
+        assert result.block.rows(0, 1).data == encode_rows(torch.full((1, 8), expected)).data
+        try:
+            (block,) = await rows
+        except UnknownItemError:  # also fine: the decoder then sends its own bytes
+            return
+        assert block.num_rows == 2
 
     asyncio.run(scenario())
