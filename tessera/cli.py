@@ -10,6 +10,7 @@ from pathlib import Path
 from tessera import __version__
 from tessera.config_common import env_default
 from tessera.demo_models import DEFAULT_FAMILY, DEMO_FAMILIES, DEMO_MODEL_SIZES
+from tessera.server_errors import PortTakenError
 
 
 def default_demo_dir(family: str = DEFAULT_FAMILY) -> Path:
@@ -227,7 +228,10 @@ def main(argv: list[str] | None = None) -> None:
         return cmd_generate(args)
     else:
         return cmd_make_demo_model(args)
-    run(args)
+    try:
+        run(args)
+    except PortTakenError as error:  # a start-up error, not a crash: one line
+        raise SystemExit(f"tessera {args.command}: {error}") from None
 
 
 if __name__ == "__main__":

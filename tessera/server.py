@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tessera import __version__
+from tessera.server_errors import PortTakenError
 
 log = logging.getLogger("tessera")
 
@@ -79,15 +80,20 @@ async def serve(
     what was loaded, for the start line), flips health to SERVING, and serves until SIGTERM
     or SIGINT (or `stop_event`). On stop: health flips to NOT_SERVING at once, then
     in-flight calls get `spec.drain_seconds` to finish."""
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    # No SO_REUSEPORT: a second server on a taken port must fail, not silently split the
+    # port's clients with the first.
+    server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 0)])
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(f"{spec.host}:{spec.port}")
+    try:
+        port = server.add_insecure_port(f"{spec.host}:{spec.port}")
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind {spec.host}:{spec.port}")
+        raise PortTakenError(f"could not bind {spec.host}:{spec.port}: is another server on it?")
     await _set_health(
         health_servicer, spec.service_names, health_pb2.HealthCheckResponse.NOT_SERVING
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import grpc
@@ -118,3 +120,17 @@ def test_encoder_and_decoder_metrics_parse_and_move(cluster):
     )
     assert 0 <= decoder_after["tessera_decoder_kv_cache_usage"] <= 1
     assert "tessera_encoder_queue_depth" in encoder_after
+
+
+def test_a_second_server_on_a_taken_port_fails_at_startup(cluster, demo_model_dir):
+    """No SO_REUSEPORT: it used to start "ready" and take half the port's clients."""
+    port = cluster.address("gateway").rsplit(":", 1)[1]
+    started = subprocess.run(
+        [sys.executable, "-m", "tessera.cli", "gateway", "--model", str(demo_model_dir),
+         "--port", port, "--http-port", "0", "--encoders", cluster.address("encoder"),
+         "--decoders", cluster.address("decoder")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert started.returncode != 0
+    assert f"tessera gateway: could not bind 127.0.0.1:{port}" in started.stderr
+    assert "Traceback" not in started.stderr
