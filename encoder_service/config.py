@@ -110,8 +110,9 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compute-lease-ms",
         type=int,
-        default=30_000,
-        help="how long a replica may hold the fleet-wide right to compute an item",
+        default=2_000,
+        help="length of the fleet-wide right to compute an item, renewed every third of it "
+        "while computing (a replica that dies frees its items within this long)",
     )
     parser.add_argument(
         "--remote-wait-seconds",

@@ -88,6 +88,7 @@ class SharedStore(Protocol):
     async def put(self, content_hash: str, block: RowBlock) -> bool: ...
     async def try_lease(self, content_hash: str, owner: str, ttl_ms: int) -> bool: ...
     async def release_lease(self, content_hash: str, owner: str) -> None: ...
+    async def renew_lease(self, content_hash: str, owner: str, ttl_ms: int) -> bool: ...
     async def wait_for(self, content_hash: str, timeout_s: float) -> bool: ...
 
 
@@ -115,7 +116,7 @@ class EncoderCore:
         self.store = store
         self.decoder = MediaDecoder.for_family(family, limits)
         self.shared = shared
-        self.fleet = fleet or FleetSettings("local", 30_000, 10.0)
+        self.fleet = fleet or FleetSettings("local", 2_000, 10.0)
         self.counters = EncoderCounters()
         self.batcher: Batcher[EncodeItem, RowBlock] = Batcher(
             self._encode_batch, max_batch_items, max_batch_wait_ms
@@ -201,12 +202,25 @@ class EncoderCore:
             self.counters.num_redis_hits += 1
             self.store.put(name, block)
             return block, Source.REDIS
+        renewal = asyncio.create_task(self._keep_lease(name))
         try:
             block = await self._compute(item)
             await shared.put(name, block)
         finally:
+            renewal.cancel()
             await shared.release_lease(name, fleet.replica_id)
         return block, Source.COMPUTED
+
+    async def _keep_lease(self, name: str) -> None:
+        """Renews the compute lease every third of its length while this replica computes:
+        a replica that dies mid-compute leaves a lease that ends within one length (2 s
+        by default), so the others wait about that long for it, not the whole
+        --remote-wait-seconds."""
+        shared, fleet = self.shared, self.fleet
+        while True:
+            await asyncio.sleep(fleet.compute_lease_ms / 3000)
+            if not await shared.renew_lease(name, fleet.replica_id, fleet.compute_lease_ms):
+                return  # not ours (expired, or Redis is down): nothing to keep
 
     async def _compute(self, item: EncodeItem) -> RowBlock:
         block = await self.batcher.submit(item)

@@ -72,6 +72,13 @@ end
 return 0
 """
 
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
 # Errors that mean "Redis is unreachable or too slow": they trip the breaker.
 _DOWN_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,
@@ -127,6 +134,7 @@ class RedisStore:
         self._headers: OrderedDict[str, EntryHeader] = OrderedDict()
         self._client = _make_client(url, timeout_seconds, max_connections, cluster)
         self._release_script = self._client.register_script(_RELEASE_LUA)
+        self._renew_script = self._client.register_script(_RENEW_LUA)
 
     # -- keys -------------------------------------------------------------------------
 
@@ -195,6 +203,13 @@ class RedisStore:
         _check_hash(content_hash)
         key = self.lease_key(content_hash)
         return await self._guarded(self._release(key, owner), False)
+
+    async def renew_lease(self, content_hash: str, owner: str, ttl_ms: int) -> bool:
+        """Extends the lease to `ttl_ms` from now if `owner` still holds it; True if so."""
+        _check_hash(content_hash)
+        key = self.lease_key(content_hash)
+        renew = self._renew_script(keys=[key], args=[owner, max(1, int(ttl_ms))])
+        return bool(await self._guarded(renew, False))
 
     async def wait_for(self, content_hash: str, timeout_s: float) -> bool:
         """Polls until the item's value exists (True), or until its lease is gone without

@@ -495,3 +495,47 @@ def test_paused_redis_times_out_instead_of_hanging(private: PrivateRedis) -> Non
         with_store("fp", body, url=private.url, timeout_seconds=0.3, backoff_start_seconds=0.1)
     finally:
         client.close()
+
+
+def test_only_the_holder_renews_its_lease(fingerprint: str, raw: redis.Redis) -> None:
+    async def body(store: RedisStore) -> None:
+        assert await store.try_lease("item", "a", 1000)
+        assert 0 < raw.pttl(store.lease_key("item")) <= 1000
+        assert not await store.renew_lease("item", "b", 60_000)
+        assert raw.pttl(store.lease_key("item")) <= 1000
+        assert await store.renew_lease("item", "a", 60_000)
+        assert raw.pttl(store.lease_key("item")) > 1000
+        assert await store.release_lease("item", "a")
+        assert not await store.renew_lease("item", "a", 60_000), "a lease gone stays gone"
+
+    with_store(fingerprint, body)
+
+
+def test_a_computing_replica_keeps_its_short_lease_alive(fingerprint: str, raw: redis.Redis):
+    """The compute lease is short (so a replica that dies frees the item at once) and
+    renewed while the computation runs, however long that takes."""
+    from encoder_service.encoder import EncoderCore, FleetSettings
+    from encoder_service.memory_store import MemoryStore
+    from tessera.media_decoder import MediaLimits
+    from tests.unit.test_encoder_core import HeldFamily, item
+
+    lease_ms = 300
+
+    async def body(store: RedisStore) -> None:
+        family = HeldFamily()
+        fleet = FleetSettings("replica-a", lease_ms, 10.0)
+        core = EncoderCore(family, MemoryStore(1 << 20), 8, 0.0, MediaLimits(10**6), store, fleet)
+        wanted = item(7)
+        encode = asyncio.create_task(core.encode([wanted], None))
+        lease_key = store.lease_key(wanted.content_hash)
+        while raw.get(lease_key) is None:
+            await asyncio.sleep(0.01)
+        assert raw.pttl(lease_key) <= lease_ms
+        await asyncio.sleep(4 * lease_ms / 1000)  # four lease lengths into the computation
+        assert raw.get(lease_key) == b"replica-a", "renewed while computing"
+        family.release.set()
+        (result,) = await encode
+        assert result.source.value == "computed"
+        assert raw.exists(lease_key) == 0, "released when done"
+
+    with_store(fingerprint, body)
