@@ -86,6 +86,15 @@ IMAGE_PROMPTS = [
 ]
 
 
+def decoder_family(model_dir) -> tuple:
+    """The family as a decoder loads it (paged attention), and the gateway's prompt code."""
+    options = LoadOptions(
+        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
+    )
+    family = load_family(str(model_dir), options)
+    return family, PromptBuilder(family, MediaLimits(10**8), 16)
+
+
 def decode_spec(family, builder, encoder: str, index: int, prompt, chunk: int):
     """The decode request the gateway would send, as the decoder's servicer reads it."""
     built = builder.build(to_chat_inputs(prompt))
@@ -123,11 +132,7 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
     """Three text prompts fill the KV cache exactly in the first step; the first block
     any of them needs while decoding forces a preemption. The image prompts queue behind
     them, and all six answers must still equal generate()'s."""
-    options = LoadOptions(
-        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
-    )
-    family = load_family(str(demo_model_dir), options)
-    builder = PromptBuilder(family, MediaLimits(10**8), 16)
+    family, builder = decoder_family(demo_model_dir)
     encoder = cluster.address("encoder")
     texts = [decode_spec(family, builder, encoder, i, p, 64) for i, p in enumerate(TEXT_PROMPTS)]
     images = [
@@ -280,11 +285,7 @@ def test_a_request_that_fails_in_its_step_ends_alone(demo_model_dir, cluster, re
     """A spec built without the decoder's checks (temperature 1e-39 makes the sampler's
     softmax NaN and torch.multinomial raise) shares every step with three others: it
     fails with its own error, they finish exactly as generate() says."""
-    options = LoadOptions(
-        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
-    )
-    family = load_family(str(demo_model_dir), options)
-    builder = PromptBuilder(family, MediaLimits(10**8), 16)
+    family, builder = decoder_family(demo_model_dir)
     encoder = cluster.address("encoder")
     good = [decode_spec(family, builder, encoder, i, p, 64) for i, p in enumerate(TEXT_PROMPTS)]
     unchecked = SamplingOptions(max_tokens=MAX_NEW_TOKENS, temperature=1e-39)
