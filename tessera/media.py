@@ -13,6 +13,10 @@ from tessera.hashing import content_hash
 from tessera.placeholders import Modality
 
 DEFAULT_MAX_IMAGE_PIXELS = 64_000_000
+# The formats photos and screenshots come in. Others PIL can open (EPS through
+# Ghostscript, PSD, ICO, ...) are refused from the header: each is more parser surface
+# for a hostile file and none is what a chat client sends.
+ALLOWED_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 
 
 class MediaError(ValueError):
@@ -91,7 +95,7 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Dec
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = Image.open(io.BytesIO(data), formats=ALLOWED_IMAGE_FORMATS)
             width, height = image.size
             if width * height > max_pixels:
                 raise MediaError(
@@ -110,6 +114,11 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Dec
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise MediaError(f"image has too many pixels ({error}); send a smaller image") from None
+    except Image.UnidentifiedImageError:
+        accepted = ", ".join(ALLOWED_IMAGE_FORMATS)
+        raise MediaError(
+            f"image bytes could not be decoded as one of {accepted}; send one of those"
+        ) from None
     # PIL raises many kinds of errors on hostile files; all of them mean "not usable".
     except Exception as error:
         raise MediaError(

@@ -214,6 +214,25 @@ def test_garbage_bytes_refused():
         decode_image(b"this is not an image at all" * 10)
 
 
+@pytest.mark.parametrize("image_format", ["EPS", "ICO", "PPM", "TGA"])
+def test_formats_outside_the_allow_list_are_refused_from_the_header(image_format):
+    """EPS used to reach Ghostscript: only PNG, JPEG, WebP, GIF, BMP and TIFF are read."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(buffer, format=image_format)
+    with pytest.raises(MediaError, match="as one of PNG, JPEG, WEBP, GIF, BMP, TIFF"):
+        decode_image(buffer.getvalue())
+
+
+@pytest.mark.parametrize("image_format", ["PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"])
+def test_allowed_formats_decode(image_format):
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 12), (200, 10, 10)).save(buffer, format=image_format)
+    assert (decode_image(buffer.getvalue()).width, decode_image(buffer.getvalue()).height) == (
+        16,
+        12,
+    )
+
+
 def test_truncated_png_refused():
     data = encoded(noise(64, 64))
     with pytest.raises(MediaError, match="could not be decoded"):
