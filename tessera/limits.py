@@ -8,9 +8,13 @@ MAX_REQUEST_ID_CHARS = 128
 
 
 def check_request_id(request_id: str, what: str = "request id") -> str:
-    """`request_id` itself; raises ValueError if it is longer than MAX_REQUEST_ID_CHARS."""
+    """`request_id` itself; raises ValueError if it is longer than MAX_REQUEST_ID_CHARS or
+    holds anything but visible ASCII (it travels in gRPC metadata and HTTP headers, where
+    control characters are invalid)."""
     if len(request_id) > MAX_REQUEST_ID_CHARS:
         raise ValueError(
             f"the {what} has {len(request_id)} characters; at most {MAX_REQUEST_ID_CHARS}"
         )
+    if not all("!" <= char <= "~" for char in request_id):
+        raise ValueError(f"the {what} may hold only visible ASCII characters (no spaces)")
     return request_id

@@ -68,7 +68,7 @@ def direct_request(case: str, data: bytes, encoders: list[str]) -> decoder_pb2.D
     prompt = [1, 4, 10, *([placeholder] * 16), 11, 2]
     item = PlaceholderRange(Modality.IMAGE, "cd" * 32, 3, 16)
     return decoder_pb2.DecodeRequest(
-        request_id=f"direct-{case}",
+        request_id="direct-" + case.replace(" ", "-"),
         prompt_token_ids=prompt,
         items=[
             decoder_pb2.MediaSource(

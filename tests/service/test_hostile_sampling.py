@@ -43,7 +43,9 @@ def test_unusable_sampling_is_invalid_at_gateway_and_decoder(cluster, name, para
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
         prompt = client.complete(stream_prompt(0), common_pb2.SamplingParams(max_tokens=1))
     direct = decoder_pb2.DecodeRequest(
-        request_id=f"direct-{name}", prompt_token_ids=prompt.prompt_token_ids, sampling=sampling
+        request_id="direct-" + name.replace(" ", "-"),
+        prompt_token_ids=prompt.prompt_token_ids,
+        sampling=sampling,
     )
     channel = grpc.insecure_channel(cluster.address("decoder"))
     with channel, pytest.raises(grpc.RpcError) as refused:
