@@ -21,21 +21,36 @@ class Cluster:
 
     children: list[Child] = field(default_factory=list)
     logs: dict[str, Path] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
 
     def start(self, name: str, service: str, args: list[str]) -> str:
         """Starts `tessera <service> <args> --port <free>`; returns its address."""
         address = f"127.0.0.1:{free_port()}"
+        command = [sys.executable, "-m", "tessera.cli", service, *args]
+        self.commands[name] = [*command, "--port", address.split(":")[1]]
+        self.children.append(Child(name, address, self._spawn(name)))
+        return address
+
+    def _spawn(self, name: str) -> subprocess.Popen:
         log_path = Path(tempfile.mkdtemp(prefix=f"tessera-{name}-")) / "log.txt"
-        log_file = log_path.open("w")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tessera.cli", service, *args, "--port", address.split(":")[1]],
-            stdout=log_file,
+        self.logs[name] = log_path
+        return subprocess.Popen(
+            self.commands[name],
+            stdout=log_path.open("w"),
             stderr=subprocess.STDOUT,
             env={**os.environ, "TESSERA_LOG_LEVEL": "INFO"},
         )
-        self.children.append(Child(name, address, process))
-        self.logs[name] = log_path
-        return address
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, as a crash."""
+        child = self.child(name)
+        child.process.kill()
+        child.process.wait(30)
+
+    def restart(self, name: str) -> None:
+        """Starts a killed child again, on its old port (as Kubernetes restarts a pod)."""
+        old = self.child(name)
+        self.children[self.children.index(old)] = Child(name, old.address, self._spawn(name))
 
     def wait_ready(self) -> None:
         try:
