@@ -42,6 +42,10 @@ class RequestFailedError(RuntimeError):
     """One request failed inside the engine; the others in its step go on."""
 
 
+class ShuttingDownError(RuntimeError):
+    """The decoder is stopping and its drain time is up: retry elsewhere."""
+
+
 @dataclass
 class EngineCounters:
     num_steps: int = 0
@@ -110,6 +114,16 @@ class Engine:
                 log.info("request %s aborted", spec.request_id)
                 self.counters.num_aborted += 1
                 self._finish(request)
+
+    async def drain(self, seconds: float) -> None:
+        """On shutdown: lets running requests finish for up to `seconds`, then ends the
+        rest with ShuttingDownError (their callers get UNAVAILABLE and retry elsewhere)."""
+        deadline = time.monotonic() + seconds
+        while self._requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        error = ShuttingDownError("the decoder is shutting down; retry the request")
+        for request in list(self._requests.values()):
+            self._fail(request, error)
 
     async def _run_forever(self) -> None:
         while True:

@@ -131,11 +131,16 @@ async def run(config: DecoderConfig) -> None:
             f"metrics_port={config.metrics_port or 'off'}"
         )
 
+    async def drain(seconds: float) -> None:
+        if servicer.engine is not None:
+            await servicer.engine.drain(seconds)
+
     spec = service_spec("decoder", config, "DecoderService")
     await serve(
         spec,
         lambda server: decoder_pb2_grpc.add_DecoderServiceServicer_to_server(servicer, server),
         load,
+        drain=drain,
     )
 
 

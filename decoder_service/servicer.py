@@ -6,7 +6,7 @@ import grpc
 
 from decoder_service.config import DecoderConfig
 from decoder_service.embedding_client import FetchError
-from decoder_service.engine import Engine, RequestFailedError
+from decoder_service.engine import Engine, RequestFailedError, ShuttingDownError
 from decoder_service.request import Finished, FinishReason, RequestStats, SampledToken
 from decoder_service.spec import check_fits, spec_from_proto
 from tessera.metrics import StatField, readings_from
@@ -50,6 +50,8 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServiceServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
         except ValueError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except ShuttingDownError as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         except RequestFailedError as error:
             # This request alone: not a replica fault, so the gateway does not retry it.
             await context.abort(grpc.StatusCode.INTERNAL, str(error))

@@ -21,6 +21,8 @@ log = logging.getLogger("tessera")
 
 # Well above the 1 MiB slice messages and large prompts with several images.
 MAX_MESSAGE_BYTES = 64 << 20
+# After a service's own drain: time for the calls it ended to send their status.
+_FLUSH_SECONDS = 1.0
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -75,11 +77,14 @@ async def serve(
     add_servicers: Callable[[grpc.aio.Server], None],
     load: Callable[[], Awaitable[str]],
     stop_event: asyncio.Event | None = None,
+    drain: Callable[[float], Awaitable[None]] | None = None,
 ) -> None:
     """Starts the server NOT_SERVING, runs `load()` (which returns a short description of
     what was loaded, for the start line), flips health to SERVING, and serves until SIGTERM
     or SIGINT (or `stop_event`). On stop: health flips to NOT_SERVING at once, then
-    in-flight calls get `spec.drain_seconds` to finish."""
+    in-flight calls get `spec.drain_seconds` to finish. A service with long calls passes
+    `drain(seconds)`, which waits for them and then ends the rest itself with a status
+    (gRPC would cancel them, and log a traceback for each)."""
     # No SO_REUSEPORT: a second server on a taken port must fail, not silently split the
     # port's clients with the first.
     server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 0)])
@@ -121,7 +126,11 @@ async def serve(
     await _set_health(
         health_servicer, spec.service_names, health_pb2.HealthCheckResponse.NOT_SERVING
     )
-    await server.stop(spec.drain_seconds)
+    if drain is not None:
+        await drain(spec.drain_seconds)
+        await server.stop(_FLUSH_SECONDS)  # the calls it ended send their status
+    else:
+        await server.stop(spec.drain_seconds)
     log.info("tessera %s stopped", spec.name)
 
 

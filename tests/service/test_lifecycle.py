@@ -122,6 +122,50 @@ def test_encoder_and_decoder_metrics_parse_and_move(cluster):
     assert "tessera_encoder_queue_depth" in encoder_after
 
 
+def test_streams_past_the_drain_time_end_unavailable_without_tracebacks(demo_model_dir):
+    """Requests still running when --drain-seconds is up get UNAVAILABLE ("retry"),
+    which the gateway retries elsewhere; gRPC used to cancel them and log a traceback
+    for each."""
+    own = Cluster()
+    address = own.start(
+        "decoder", "decoder", ["--model", str(demo_model_dir), "--drain-seconds", "0.5"]
+    )
+    try:
+        own.wait_ready()
+        started = threading.Barrier(3)
+        codes: list[grpc.StatusCode] = []
+
+        def stream(index: int) -> None:
+            request = decoder_pb2.DecodeRequest(
+                request_id=f"long-{index}",
+                prompt_token_ids=[1, 5, 205, 6, 205],
+                sampling=common_pb2.SamplingParams(max_tokens=2000, ignore_eos=True),
+                max_chunk_tokens=1,
+            )
+            with grpc.insecure_channel(address) as channel:
+                stub = decoder_pb2_grpc.DecoderServiceStub(channel)
+                try:
+                    for number, _ in enumerate(stub.Generate(request, timeout=120)):
+                        if number == 0:
+                            started.wait(60)
+                except grpc.RpcError as error:
+                    codes.append(error.code())
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        started.wait(60)  # both are generating
+        own.child("decoder").process.send_signal(15)
+        for thread in threads:
+            thread.join(120)
+        assert codes == [grpc.StatusCode.UNAVAILABLE] * 2
+        assert own.child("decoder").process.wait(60) == 0
+        log = own.log_text("decoder")
+        assert "stopped" in log and "Traceback" not in log, log[-2000:]
+    finally:
+        own.stop()
+
+
 def test_a_second_server_on_a_taken_port_fails_at_startup(cluster, demo_model_dir):
     """No SO_REUSEPORT: it used to start "ready" and take half the port's clients."""
     port = cluster.address("gateway").rsplit(":", 1)[1]
