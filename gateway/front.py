@@ -153,7 +153,7 @@ class GatewayFront:
         result = "error"
         try:
             generation = GenerationRequest(
-                request.request_id,
+                GenerationPipeline.internal_id(request.request_id),
                 request.messages,
                 request.sampling,
                 request.max_chunk_tokens,

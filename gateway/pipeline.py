@@ -85,6 +85,16 @@ class GenerationPipeline:
     def new_request_id() -> str:
         return uuid.uuid4().hex
 
+    @staticmethod
+    def internal_id(client_id: str) -> str:
+        """The id a request has downstream (decoder key, lease owner): the client's id as
+        a label plus a unique suffix, so a client (or a proxy retrying) that reuses an id
+        never collides with a request still running.
+
+        Example: "chat-7" -> "chat-7.3f9c2a1b"
+        """
+        return f"{client_id[:64]}.{uuid.uuid4().hex[:8]}"
+
     async def run(
         self, request: GenerationRequest
     ) -> AsyncIterator[Prompt | TextEvent | FinishedEvent]:

@@ -3,6 +3,8 @@ and the service keeps serving."""
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 
@@ -306,3 +308,39 @@ def _gateway_fingerprint(cluster) -> str:
     match = re.search(r"gateway \S+ ready: .*fingerprint=(\w+)", cluster.log_text("gateway"))
     assert match, cluster.log_text("gateway")
     return match.group(1)
+
+
+def test_one_request_id_twice_at_once_is_two_requests(cluster):
+    """A proxy retrying with the client's id used to get 400 "already running": the id
+    was the decoder's key. Now it is a label and both run."""
+    request = gateway_pb2.GenerateRequest(
+        request_id="same-id",
+        messages=[user(text("Tell a long story about the sea."))],
+        sampling=common_pb2.SamplingParams(max_tokens=40, ignore_eos=True),
+    )
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+    both_started = threading.Barrier(2)
+
+    def run() -> None:
+        try:
+            with grpc.insecure_channel(cluster.address("gateway")) as channel:
+                stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+                tokens: list[int] = []
+                for response in stub.Generate(request, timeout=120):
+                    if response.HasField("delta") and response.delta.token_ids:
+                        if not tokens:
+                            both_started.wait(60)  # both are decoding at once
+                        tokens += response.delta.token_ids
+                results.append(tokens)
+        except BaseException as error:
+            errors.append(error)
+            both_started.abort()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert not errors, errors
+    assert len(results) == 2 and results[0] == results[1] and len(results[0]) == 40
