@@ -11,6 +11,8 @@ import time
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.client import Client, Message
@@ -423,3 +425,81 @@ def test_queue_overflow_is_429_then_normal_service(cluster, demo_model_dir):
             assert grpc_client.complete([Message("user", ["hi"])]).token_ids
     finally:
         own.stop()
+
+
+URLS = ["http://[::1", "data:image/png;base64,@@", "http://localhost:9/a.png", "ftp://x/y"]
+# Text with lone surrogates too: JSON can carry them ("\ud800"), Python strings hold them.
+_STRINGS = st.text(max_size=20) | st.text(
+    alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010), max_size=4
+)
+_JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _STRINGS
+)
+_JSON = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_PARTS = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url", "input_audio", "audio_url", "video"])},
+    optional={
+        "text": _STRINGS | _JSON,
+        "image_url": _JSON | st.fixed_dictionaries({"url": st.sampled_from(URLS) | _STRINGS}),
+        "input_audio": _JSON,
+        "audio_url": _JSON,
+    },
+)
+_MESSAGES = st.just([{"role": "user", "content": "hi"}]) | st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | _JSON},
+        optional={"content": _STRINGS | st.lists(_PARTS, max_size=3) | _JSON},
+    ),
+    max_size=3,
+)
+_FIELDS = [
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
+    "n", "stream", "stream_options", "logprobs", "top_logprobs", "mm_processor_kwargs",
+    "max_chunk_tokens", "cache_salt",
+]  # fmt: skip
+# Mostly a plausible request with up to two fields set to anything (so most examples get
+# past the first check), sometimes any JSON at all.
+_BODIES = (
+    st.builds(
+        lambda messages, extra: {"messages": messages, "max_tokens": 2, **extra},
+        _MESSAGES,
+        st.dictionaries(st.sampled_from(_FIELDS), _JSON | st.booleans(), max_size=2),
+    )
+    | _JSON
+)
+
+
+def test_random_bodies_never_get_a_5xx(api):
+    """Hypothesis (derandomized) against /v1/chat/completions: every body gets a 2xx or a
+    4xx in OpenAI's error shape, never a 5xx or a dropped connection."""
+    url = api.http + "/v1/chat/completions"
+
+    @settings(max_examples=100, deadline=None, derandomize=True)
+    @given(body=_BODIES)
+    def check(body) -> None:
+        # json.dumps escapes lone surrogates, as a client's JSON encoder may.
+        content = json.dumps(body)
+        headers = {"content-type": "application/json"}
+        response = httpx.post(url, content=content, headers=headers, timeout=60)
+        assert response.status_code < 500, (body, response.status_code, response.text)
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert error["message"] and error["type"], body
+
+    check()
+    assert chat_ok(api)
+
+
+def chat_ok(api) -> bool:
+    body = {"messages": [{"role": "user", "content": "still fine?"}], "max_tokens": 2}
+    return httpx.post(api.http + "/v1/chat/completions", json=body, timeout=60).status_code == 200
