@@ -120,12 +120,12 @@ class EmbeddingClient:
     ) -> FetchedRows:
         stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(address))
         try:
-            return await self._stream_rows(stub, request_id, chunk_slice, reencoded=False)
+            return await self._stream_rows(stub, request_id, item, chunk_slice, reencoded=False)
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.NOT_FOUND or not item.data:
                 raise
         sent = await self._encode_once(stub, address, request_id, item)
-        return await self._stream_rows(stub, request_id, chunk_slice, reencoded=sent)
+        return await self._stream_rows(stub, request_id, item, chunk_slice, reencoded=sent)
 
     async def _encode_once(
         self,
@@ -160,6 +160,7 @@ class EmbeddingClient:
         self,
         stub: encoder_pb2_grpc.EncoderServiceStub,
         request_id: str,
+        item: MediaSource,
         chunk_slice: ChunkSlice,
         reencoded: bool,
     ) -> FetchedRows:
@@ -169,6 +170,8 @@ class EmbeddingClient:
                     content_hash=chunk_slice.content_hash,
                     start=chunk_slice.row_start,
                     end=chunk_slice.row_end,
+                    # The encoder refuses an item of another length than the range.
+                    item_num_rows=item.range.length,
                 )
             ],
             lease_owner=request_id,

@@ -61,11 +61,13 @@ class EncodeResult:
 
 @dataclass(frozen=True)
 class RowRequest:
-    """Rows `[start, end)` of one item."""
+    """Rows `[start, end)` of one item, which the caller expects to have `item_num_rows`
+    rows (0: unchecked)."""
 
     content_hash: str
     start: int
     end: int
+    item_num_rows: int = 0
 
 
 @dataclass
@@ -90,6 +92,7 @@ class SharedStore(Protocol):
     async def release_lease(self, content_hash: str, owner: str) -> None: ...
     async def renew_lease(self, content_hash: str, owner: str, ttl_ms: int) -> bool: ...
     async def wait_for(self, content_hash: str, timeout_s: float) -> bool: ...
+    def known_num_rows(self, content_hash: str) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,7 @@ class EncoderCore:
             else:
                 self.store.put(name, block, lease)
         if block is not None:
+            _check_row_count(request, block.num_rows)
             if request.end > block.num_rows:
                 raise ValueError(
                     f"rows [{request.start}, {request.end}) are outside item {name}, "
@@ -273,6 +277,7 @@ class EncoderCore:
         if rows is None:
             self.counters.num_slice_misses += 1
             raise UnknownItemError(f"item {name} is not on this encoder; Encode it first")
+        _check_row_count(request, self.shared.known_num_rows(name))
         self.counters.num_redis_hits += 1
         return rows
 
@@ -324,3 +329,13 @@ class EncoderCore:
                 for (index, _), tensor in zip(group, rows, strict=True):
                     outcomes[index] = encode_rows(tensor)
         return outcomes
+
+
+def _check_row_count(request: RowRequest, num_rows: int | None) -> None:
+    """A caller whose range has another length than the item names the wrong item (or
+    the right one with a wrong layout): refused, never served a prefix of it."""
+    if request.item_num_rows and num_rows is not None and num_rows != request.item_num_rows:
+        raise ValueError(
+            f"item {request.content_hash} has {num_rows} rows; the request's range says "
+            f"{request.item_num_rows}"
+        )

@@ -204,6 +204,11 @@ class RedisStore:
         key = self.lease_key(content_hash)
         return await self._guarded(self._release(key, owner), False)
 
+    def known_num_rows(self, content_hash: str) -> int | None:
+        """The item's row count from a header read before (by get_rows), else None."""
+        header = self._headers.get(content_hash)
+        return header.num_rows if header is not None else None
+
     async def renew_lease(self, content_hash: str, owner: str, ttl_ms: int) -> bool:
         """Extends the lease to `ttl_ms` from now if `owner` still holds it; True if so."""
         _check_hash(content_hash)

@@ -93,7 +93,9 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         self, request, context
     ) -> AsyncIterator[encoder_pb2.EmbeddingSlice]:
         await abort_unless_ready(context, self.core is not None)
-        requests = [RowRequest(s.content_hash, s.start, s.end) for s in request.slices]
+        requests = [
+            RowRequest(s.content_hash, s.start, s.end, s.item_num_rows) for s in request.slices
+        ]
         try:
             if len(requests) > self.limits.max_slices_per_call:
                 raise ValueError(

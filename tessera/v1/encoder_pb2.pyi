@@ -52,14 +52,16 @@ class EncodeResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[EncodedItem, _Mapping]]] = ...) -> None: ...
 
 class RowSlice(_message.Message):
-    __slots__ = ("content_hash", "start", "end")
+    __slots__ = ("content_hash", "start", "end", "item_num_rows")
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    ITEM_NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
     content_hash: str
     start: int
     end: int
-    def __init__(self, content_hash: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+    item_num_rows: int
+    def __init__(self, content_hash: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., item_num_rows: _Optional[int] = ...) -> None: ...
 
 class GetEmbeddingSlicesRequest(_message.Message):
     __slots__ = ("slices", "lease_owner", "lease_ms")

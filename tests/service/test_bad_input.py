@@ -257,6 +257,20 @@ def test_encoder_slice_errors(encoder, cluster):
         assert phrase in caught.value.details()
     rows = slices(content_hash, 2, num_rows)
     assert sum(m.rows.shape[0] for m in rows) == num_rows - 2
+    # A caller whose range is half the item's length is refused, not served a prefix.
+    half = encoder_pb2.GetEmbeddingSlicesRequest(
+        slices=[
+            encoder_pb2.RowSlice(
+                content_hash=content_hash, start=0, end=2, item_num_rows=num_rows // 2
+            )
+        ]
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        list(encoder.GetEmbeddingSlices(half, timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"has {num_rows} rows; the request's range says {num_rows // 2}" in (
+        caught.value.details()
+    )
 
     # A hostile caller: pins for good, or one call that copies the item 100k times.
     forever = encoder_pb2.GetEmbeddingSlicesRequest(

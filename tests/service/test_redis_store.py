@@ -539,3 +539,27 @@ def test_a_computing_replica_keeps_its_short_lease_alive(fingerprint: str, raw: 
         assert raw.exists(lease_key) == 0, "released when done"
 
     with_store(fingerprint, body)
+
+
+def test_rows_from_redis_are_refused_for_a_range_of_another_length(fingerprint: str):
+    """A replica that never computed the item reads its header from Redis: a range whose
+    length differs from the item's is refused there too."""
+    from encoder_service.encoder import EncoderCore, RowRequest
+    from encoder_service.memory_store import MemoryStore
+    from tessera.media_decoder import MediaLimits
+    from tests.unit.test_encoder_core import HeldFamily, item
+
+    async def body(store: RedisStore) -> None:
+        family = HeldFamily()
+        family.release.set()
+        computing = EncoderCore(family, MemoryStore(1 << 20), 8, 0.0, MediaLimits(10**6), store)
+        wanted = item(8)
+        await computing.encode([wanted], None)  # 4 rows, now in Redis
+        other = EncoderCore(family, MemoryStore(1 << 20), 8, 0.0, MediaLimits(10**6), store)
+        right = RowRequest(wanted.content_hash, 0, 2, item_num_rows=4)
+        assert (await other.resolve_slices([right], None))[0].num_rows == 2
+        wrong = RowRequest(wanted.content_hash, 0, 2, item_num_rows=3)
+        with pytest.raises(ValueError, match="has 4 rows; the request's range says 3"):
+            await other.resolve_slices([wrong], None)
+
+    with_store(fingerprint, body)
