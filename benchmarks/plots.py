@@ -16,6 +16,17 @@ STYLE = {
 }
 
 
+def require_matplotlib() -> None:
+    """Fails at once, not after minutes of measuring, when the bench extra is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "the benchmarks draw plots with matplotlib: run `make bench`, or install the "
+            "bench extra (pip install -e '.[bench]')"
+        ) from None
+
+
 def _pyplot():
     import matplotlib
 

@@ -323,6 +323,7 @@ def main() -> int:
             f"suites {', '.join(image_only)} send images; with --family {args.family} "
             "choose from --suites arms chunks poisson"
         )
+    plots.require_matplotlib()
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args, QUICK if args.quick else FULL)
     started = time.perf_counter()
