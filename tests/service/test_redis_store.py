@@ -519,7 +519,7 @@ def test_a_computing_replica_keeps_its_short_lease_alive(fingerprint: str, raw: 
     from tessera.media_decoder import MediaLimits
     from tests.unit.test_encoder_core import HeldFamily, item
 
-    lease_ms = 300
+    lease_ms = 900  # renewed every 300 ms: a stall of 600 ms would be needed to lose it
 
     async def body(store: RedisStore) -> None:
         family = HeldFamily()
@@ -531,7 +531,7 @@ def test_a_computing_replica_keeps_its_short_lease_alive(fingerprint: str, raw: 
         while raw.get(lease_key) is None:
             await asyncio.sleep(0.01)
         assert raw.pttl(lease_key) <= lease_ms
-        await asyncio.sleep(4 * lease_ms / 1000)  # four lease lengths into the computation
+        await asyncio.sleep(3 * lease_ms / 1000)  # three lease lengths into the computation
         assert raw.get(lease_key) == b"replica-a", "renewed while computing"
         family.release.set()
         (result,) = await encode
