@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,13 @@ class Cluster:
         """Starts a killed child again, on its old port (as Kubernetes restarts a pod)."""
         old = self.child(name)
         self.children[self.children.index(old)] = Child(name, old.address, self._spawn(name))
+
+    def start_stack(self, model_dir: Path, encoder_args: Sequence[str] = ()) -> None:
+        """One encoder, one decoder and a gateway in front of them, on `model_dir`."""
+        model = ["--model", str(model_dir)]
+        encoder = self.start("encoder", "encoder", [*model, *encoder_args])
+        decoder = self.start("decoder", "decoder", model)
+        self.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
 
     def wait_ready(self) -> None:
         try:

@@ -37,13 +37,8 @@ ENCODER_MAX_PIXELS = 2000  # the strict encoder's limit; the gateway's is the de
 def strict(demo_model_dir):
     """A gateway that accepts what its only encoder refuses (a limit set lower there)."""
     own = Cluster()
-    model = ["--model", str(demo_model_dir)]
     try:
-        encoder = own.start(
-            "encoder", "encoder", [*model, "--max-image-pixels", str(ENCODER_MAX_PIXELS)]
-        )
-        decoder = own.start("decoder", "decoder", model)
-        own.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
+        own.start_stack(demo_model_dir, ["--max-image-pixels", str(ENCODER_MAX_PIXELS)])
         own.wait_ready()
         yield own
     finally:

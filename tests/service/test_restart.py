@@ -21,11 +21,8 @@ OUTAGE_SECONDS = 12
 @pytest.fixture(scope="module")
 def stack(demo_model_dir):
     own = Cluster()
-    model = ["--model", str(demo_model_dir)]
     try:
-        encoder = own.start("encoder", "encoder", model)
-        decoder = own.start("decoder", "decoder", model)
-        own.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
+        own.start_stack(demo_model_dir)
         own.wait_ready()
         yield own
     finally:
