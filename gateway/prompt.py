@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from jinja2 import TemplateError
 
@@ -29,6 +30,7 @@ from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
 
 ROLES = ("system", "user", "assistant")
+T = TypeVar("T")
 
 
 class PromptError(ValueError):
@@ -100,19 +102,11 @@ class PromptBuilder:
             raise PromptError(f"mm_processor_kwargs: {error}") from None
         prepared = [self._prepare(index, part, options) for index, part in enumerate(media)]
         template_messages = [_template_message(m) for m in messages]
-        try:
-            if self.family.renders_token_ids:
-                num_rows = [item.placement.num_rows for item in prepared]
-                token_ids = self.family.render_prompt_ids(template_messages, num_rows)
-            else:
-                text = self.family.render_prompt(template_messages)
-        except (ValueError, TemplateError) as error:
-            # The chat template or tokenizer refused the conversation (a role order or
-            # a mix of parts the model does not take): the caller can fix that.
-            raise PromptError(f"the model's chat template refused the messages: {error}") from None
         if self.family.renders_token_ids:
+            num_rows = [item.placement.num_rows for item in prepared]
+            token_ids = _rendered(self.family.render_prompt_ids, template_messages, num_rows)
             return self._placed(token_ids, prepared)
-        return self._expand(text, prepared)
+        return self._expand(_rendered(self.family.render_prompt, template_messages), prepared)
 
     def _check_messages(self, messages: Sequence[ChatInput]) -> list[MediaPart]:
         if not messages:
@@ -247,6 +241,15 @@ class PromptBuilder:
                 "placeholder tokens in text"
             )
         return items
+
+
+def _rendered(render: Callable[..., T], *args: object) -> T:
+    """`render(*args)`; a conversation the chat template or tokenizer refuses (a role
+    order or a mix of parts the model does not take) is the caller's to fix."""
+    try:
+        return render(*args)
+    except (ValueError, TemplateError) as error:
+        raise PromptError(f"the model's chat template refused the messages: {error}") from None
 
 
 def _template_message(message: ChatInput) -> dict:
