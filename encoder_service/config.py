@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from encoder_service.memory_store import PinLimits
 from tessera.config_common import add_common_flags, add_model_flags, env_default
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
@@ -18,6 +19,8 @@ class EncoderConfig:
     device: str
     dtype: str
     cache_bytes: int
+    max_pinned_bytes: int | None
+    max_pinned_bytes_per_owner: int | None
     default_lease_ms: int
     max_lease_ms: int
     max_slices_per_call: int
@@ -45,6 +48,16 @@ class EncoderConfig:
         fields = {name: getattr(args, name) for name in names}
         return cls(**{**fields, "media_limits": MediaLimits.from_args(args)})
 
+    def pin_limits(self) -> PinLimits:
+        """The flags' pin bounds, each defaulting to its fraction of --cache-bytes."""
+        default = PinLimits.of_budget(self.cache_bytes)
+        return PinLimits(
+            default.max_pinned_bytes if self.max_pinned_bytes is None else self.max_pinned_bytes,
+            default.max_bytes_per_owner
+            if self.max_pinned_bytes_per_owner is None
+            else self.max_pinned_bytes_per_owner,
+        )
+
 
 def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
@@ -54,7 +67,20 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
         "--cache-bytes",
         type=int,
         default=env_default("TESSERA_ENCODER_CACHE_BYTES", 2 << 30, int),
-        help="memory cache budget in bytes (leased entries may exceed it briefly)",
+        help="memory cache budget in bytes",
+    )
+    parser.add_argument(
+        "--max-pinned-bytes",
+        type=int,
+        default=None,
+        help="most cache bytes all leases together may pin (default: 3/4 of --cache-bytes); "
+        "an item past it is still served, only evictable",
+    )
+    parser.add_argument(
+        "--max-pinned-bytes-per-owner",
+        type=int,
+        default=None,
+        help="most cache bytes one lease owner (a request) may pin (default: 1/8 of --cache-bytes)",
     )
     parser.add_argument(
         "--default-lease-ms",

@@ -64,7 +64,7 @@ async def run(config: EncoderConfig) -> None:
         )
         servicer.core = EncoderCore(
             family,
-            MemoryStore(config.cache_bytes),
+            MemoryStore(config.cache_bytes, config.pin_limits()),
             config.max_batch_items,
             config.max_batch_wait_ms,
             config.media_limits,

@@ -154,6 +154,8 @@ def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
         num_batched_items=batches.num_items,
         max_batch_size=batches.max_batch_size,
         redis_enabled=core.shared is not None,
+        num_pinned_bytes=store.num_pinned_bytes,
+        num_pins_refused=store.stats.num_pins_refused,
     )
 
 
@@ -212,6 +214,13 @@ ENCODER_METRICS: tuple[StatField, ...] = (
     ("tessera_encoder_max_batch_size", "Largest batch so far", "gauge", "max_batch_size"),
     ("tessera_encoder_cached_items", "Items in the memory cache", "gauge", "num_cached_items"),
     ("tessera_encoder_cached_bytes", "Bytes in the memory cache", "gauge", "num_cached_bytes"),
+    ("tessera_encoder_pinned_bytes", "Cache bytes pinned by leases", "gauge", "num_pinned_bytes"),
+    (
+        "tessera_encoder_pins_refused_total",
+        "Pins not granted for the pin bounds (item stays evictable)",
+        "counter",
+        "num_pins_refused",
+    ),
     (
         "tessera_encoder_degraded",
         "1 while Redis is configured but unreachable",

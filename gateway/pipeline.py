@@ -87,13 +87,14 @@ class GenerationPipeline:
 
     @staticmethod
     def internal_id(client_id: str) -> str:
-        """The id a request has downstream (decoder key, lease owner): the client's id as
-        a label plus a unique suffix, so a client (or a proxy retrying) that reuses an id
-        never collides with a request still running.
+        """The id a request has downstream (decoder key, owner of its encoder pins): the
+        client's id as a label plus 128 random bits, so a client (or a proxy retrying)
+        that reuses an id never collides with a request still running, and nobody who
+        was not told the id can release or renew the request's pins.
 
-        Example: "chat-7" -> "chat-7.3f9c2a1b"
+        Example: "chat-7" -> "chat-7.3f9c2a1b5d7e4f60a1b2c3d4e5f60718"
         """
-        return f"{client_id[:64]}.{uuid.uuid4().hex[:8]}"
+        return f"{client_id[:64]}.{uuid.uuid4().hex}"
 
     async def run(
         self, request: GenerationRequest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,12 @@ class Cluster:
 
     def stop(self) -> None:
         stop_children(self.children, grace_seconds=10)
+
+    def fingerprint(self, name: str = "gateway") -> str:
+        """The model fingerprint a service logged at start: what content hashes cover."""
+        match = re.search(r"fingerprint=(\w+)", self.log_text(name))
+        assert match, self.log_text(name)
+        return match.group(1)
 
     def terminate(self, name: str) -> int:
         child = self.child(name)

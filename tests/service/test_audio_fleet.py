@@ -4,7 +4,6 @@ replica from Redis, and the decoder receives exactly the rows its chunks overlap
 
 from __future__ import annotations
 
-import re
 import threading
 
 import grpc
@@ -91,7 +90,7 @@ def test_concurrent_clients_get_one_encode_per_clip_fleet_wide(fleet):
 
 
 def test_the_other_replica_serves_a_clip_from_redis(fleet):
-    fingerprint = re.search(r"fingerprint=(\w+)", fleet.log_text("gateway")).group(1)
+    fingerprint = fleet.fingerprint()
     clip = wav_clip(33, 0.8)
     rate = fleet.reference.processor.feature_extractor.sampling_rate
     item = common_pb2.MediaItem(

@@ -227,7 +227,7 @@ def test_decoder_rejects_malformed_requests(cluster, decoder, reference):
 
 def test_encoder_slice_errors(encoder, cluster):
     decoded = decode_image(IMAGE)
-    fingerprint = _gateway_fingerprint(cluster)
+    fingerprint = cluster.fingerprint()
     content_hash = decoded.content_hash(fingerprint)
     encoded = encoder.Encode(
         encoder_pb2.EncodeRequest(
@@ -314,14 +314,6 @@ def test_encoder_rejects_bad_items(encoder):
         assert phrase in caught.value.details(), caught.value.details()
     stats = encoder.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
     assert stats.num_items_requested > 0
-
-
-def _gateway_fingerprint(cluster) -> str:
-    import re
-
-    match = re.search(r"gateway \S+ ready: .*fingerprint=(\w+)", cluster.log_text("gateway"))
-    assert match, cluster.log_text("gateway")
-    return match.group(1)
 
 
 def test_one_request_id_twice_at_once_is_two_requests(cluster):

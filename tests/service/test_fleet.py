@@ -4,7 +4,6 @@ another computed, and keep every request correct when Redis or a replica fails."
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 import time
 
@@ -53,15 +52,11 @@ def fleet(demo_model_dir, tmp_path_factory):
         redis_server.kill()
 
 
-def fingerprint_of(cluster: Cluster) -> str:
-    return re.search(r"fingerprint=(\w+)", cluster.log_text("gateway")).group(1)
-
-
 def media_item(cluster: Cluster, image: bytes) -> common_pb2.MediaItem:
     return common_pb2.MediaItem(
         modality=common_pb2.MODALITY_IMAGE,
         data=image,
-        content_hash=decode_image(image).content_hash(fingerprint_of(cluster)),
+        content_hash=decode_image(image).content_hash(cluster.fingerprint()),
     )
 
 

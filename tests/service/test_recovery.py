@@ -4,7 +4,6 @@ encoded again from the bytes the decode request carries, and the output stays ex
 from __future__ import annotations
 
 import asyncio
-import re
 
 import grpc
 import pytest
@@ -25,9 +24,7 @@ MAX_NEW_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def fingerprint(cluster) -> str:
-    match = re.search(r"fingerprint=(\w+)", cluster.log_text("gateway"))
-    assert match
-    return match.group(1)
+    return cluster.fingerprint()
 
 
 def direct_request(reference, fingerprint, image: bytes, encoders: list[str], request_id: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from encoder_service.memory_store import Lease, MemoryStore
+from encoder_service.memory_store import Lease, MemoryStore, PinLimits
 from tessera.tensor_codec import RowBlock
 
 
@@ -30,8 +30,12 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def store_of(max_bytes: int, clock: FakeClock) -> MemoryStore:
-    return MemoryStore(max_bytes, clock=clock)
+# Pin semantics apart from the pin bounds, which have tests of their own below.
+UNBOUNDED_PINS = PinLimits(max_pinned_bytes=10**12, max_bytes_per_owner=10**12)
+
+
+def store_of(max_bytes: int, clock: FakeClock, pins: PinLimits = UNBOUNDED_PINS) -> MemoryStore:
+    return MemoryStore(max_bytes, pins, clock=clock)
 
 
 def names(store: MemoryStore, candidates: str = "abcdefgh") -> set[str]:
@@ -201,3 +205,64 @@ def test_zero_length_lease_does_not_pin(clock):
     store = store_of(0, clock)
     store.put("a", block(), Lease("req-1", seconds=0))
     assert "a" not in store
+
+
+def test_default_pin_bounds_are_fractions_of_the_budget():
+    limits = MemoryStore(1000).pin_limits
+    assert limits == PinLimits(max_pinned_bytes=750, max_bytes_per_owner=125)
+
+
+def test_one_owner_pins_at_most_its_share(clock):
+    store = store_of(10_000, clock, PinLimits(max_pinned_bytes=1000, max_bytes_per_owner=250))
+    for name in "abcd":
+        store.put(name, block(), Lease("greedy", seconds=300))
+    assert store.pinned_bytes_of("greedy") == 200  # "a" and "b"; "c" and "d" would pass 250
+    assert store.stats.num_pins_refused == 2
+    # Refused pins still store and serve the entry; only its eviction is not held off.
+    assert names(store) == {"a", "b", "c", "d"} and store.get("d") is not None
+    store.put("e", block(), Lease("other", seconds=300))
+    assert store.pinned_bytes_of("other") == 100
+
+
+def test_all_owners_together_pin_at_most_the_pin_budget(clock):
+    store = store_of(10_000, clock, PinLimits(max_pinned_bytes=300, max_bytes_per_owner=1000))
+    for index, name in enumerate("abcde"):
+        store.put(name, block(), Lease(f"owner-{index}", seconds=300))
+    assert store.num_pinned_bytes == 300 and store.stats.num_pins_refused == 2
+    # A second owner's pin on an entry already pinned costs the budget nothing.
+    store.get("a", Lease("late", seconds=300))
+    assert store.num_pinned_bytes == 300 and store.pinned_bytes_of("late") == 100
+    assert store.stats.num_pins_refused == 2
+
+
+def test_pins_that_ran_out_free_their_bytes(clock):
+    store = store_of(10_000, clock, PinLimits(max_pinned_bytes=200, max_bytes_per_owner=200))
+    store.put("a", block(), Lease("first", seconds=5))
+    store.put("b", block(), Lease("first", seconds=5))
+    store.put("c", block(), Lease("second", seconds=5))
+    assert store.stats.num_pins_refused == 1
+    clock.advance(5)
+    store.put("d", block(), Lease("second", seconds=5))
+    assert store.stats.num_pins_refused == 1
+    assert store.pinned_bytes_of("first") == 0 and store.pinned_bytes_of("second") == 100
+
+
+def test_a_hostile_owner_cannot_keep_the_cache_from_new_items(clock):
+    """One owner pinning everything it can: the cache still takes and keeps new items
+    of others (what its pins cannot hold is evicted, least recently used first)."""
+    store = store_of(1000, clock, PinLimits.of_budget(1000))
+    for index in range(50):
+        store.put(f"hostile-{index}", block(), Lease("hostile", seconds=300))
+    assert store.pinned_bytes_of("hostile") == 100  # 12.5% of 1000, whole blocks
+    for name in "abcdefgh":
+        store.put(name, block())
+    assert names(store) == set("abcdefgh") and store.num_bytes <= 1000
+
+
+def test_renewing_a_pin_costs_no_bytes(clock):
+    store = store_of(10_000, clock, PinLimits(max_pinned_bytes=100, max_bytes_per_owner=100))
+    store.put("a", block(), Lease("req-1", seconds=5))
+    for _ in range(3):
+        clock.advance(4)
+        store.get("a", Lease("req-1", seconds=5))
+    assert store.pinned_bytes_of("req-1") == 100 and store.stats.num_pins_refused == 0
