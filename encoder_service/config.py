@@ -10,6 +10,11 @@ from tessera.config_common import add_common_flags, add_model_flags, env_default
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
 
+# 16 images of 1024x1024, or one of 4096x4096, per forward: big enough to batch every
+# image a chat sends, small enough that a request of huge images runs as many batches
+# and other requests' items take turns between them.
+DEFAULT_MAX_BATCH_PIXELS = 1 << 24
+
 
 @dataclass(frozen=True)
 class EncoderConfig:
@@ -27,6 +32,7 @@ class EncoderConfig:
     max_slice_bytes_per_call: int
     max_batch_items: int
     max_batch_wait_ms: float
+    max_batch_pixels: int
     redis_url: str | None
     redis_cluster: bool
     redis_ttl_seconds: float
@@ -108,6 +114,13 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-batch-items", type=int, default=16, help="most items in one encoder forward"
+    )
+    parser.add_argument(
+        "--max-batch-pixels",
+        type=int,
+        default=DEFAULT_MAX_BATCH_PIXELS,
+        help="most image pixels in one encoder forward (one larger image runs alone); "
+        "callers' items take turns between forwards (0: no bound)",
     )
     parser.add_argument(
         "--max-batch-wait-ms",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
 from encoder_service.batcher import Batcher
+from encoder_service.config import DEFAULT_MAX_BATCH_PIXELS
 from encoder_service.memory_store import Lease, MemoryStore
 from tessera.adapters import MediaInput, ModelFamily
 from tessera.hashing import is_content_hash
@@ -114,6 +115,7 @@ class EncoderCore:
         limits: MediaLimits,
         shared: SharedStore | None = None,
         fleet: FleetSettings | None = None,
+        max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS,
     ):
         self.family = family
         self.store = store
@@ -122,25 +124,36 @@ class EncoderCore:
         self.fleet = fleet or FleetSettings("local", 2_000, 10.0)
         self.counters = EncoderCounters()
         self.batcher: Batcher[EncodeItem, RowBlock] = Batcher(
-            self._encode_batch, max_batch_items, max_batch_wait_ms
+            self._encode_batch,
+            max_batch_items,
+            max_batch_wait_ms,
+            cost=lambda item: self.decoder.pixels(item.modality, item.data),
+            max_batch_cost=max_batch_pixels,
         )
         self._in_flight: dict[str, asyncio.Task[tuple[RowBlock, Source]]] = {}
 
     async def encode(self, items: Sequence[EncodeItem], lease: Lease | None) -> list[EncodeResult]:
-        """Rows for every item; each unique item is looked up or computed once."""
+        """Rows for every item; each unique item is looked up or computed once. Items
+        this call computes queue under its lease owner (or the call itself, without one)
+        and take turns with other callers' items."""
         for item in items:
             self._check_item(item)
         self.counters.num_items_requested += len(items)
         unique = list({item.content_hash: item for item in items}.values())
+        try:
+            self.decoder.check_request_pixels((item.modality, item.data) for item in unique)
+        except ValueError as error:
+            raise InvalidItemError(str(error)) from None
         # Every lookup starts before the first await, so a slice request arriving right
         # behind this Encode finds the computation in flight; items that need computing
         # then share one batch.
-        pending = [self._start(item, lease) for item in unique]
+        caller = lease.owner if lease else object()
+        pending = [self._start(item, lease, caller) for item in unique]
         found = await asyncio.gather(*pending)
         outcomes = {item.content_hash: outcome for item, outcome in zip(unique, found, strict=True)}
         return [EncodeResult(i.content_hash, *outcomes[i.content_hash]) for i in items]
 
-    def _start(self, item: EncodeItem, lease: Lease | None) -> asyncio.Future:
+    def _start(self, item: EncodeItem, lease: Lease | None, caller: Hashable) -> asyncio.Future:
         """A future of (rows, source) for one item; never waits."""
         name = item.content_hash
         block = self.store.get(name, lease)
@@ -152,8 +165,8 @@ class EncoderCore:
         task = self._in_flight.get(name)
         if task is not None:
             self.counters.num_joined_in_flight += 1
-            return asyncio.ensure_future(self._join(item, task, lease))
-        task = asyncio.create_task(self._resolve(item))
+            return asyncio.ensure_future(self._join(item, task, lease, caller))
+        task = asyncio.create_task(self._resolve(item, caller))
         self._in_flight[name] = task
         task.add_done_callback(self._forget)
         return asyncio.ensure_future(self._finish(name, task, lease, None))
@@ -168,7 +181,7 @@ class EncoderCore:
         return block, source or resolved
 
     async def _join(
-        self, item: EncodeItem, task: asyncio.Task, lease: Lease | None
+        self, item: EncodeItem, task: asyncio.Task, lease: Lease | None, caller: Hashable
     ) -> tuple[RowBlock, Source]:
         """The computation in flight for this hash, unless it fails for its own bytes (a
         caller that named this hash for other content): then this item's own bytes are
@@ -178,7 +191,7 @@ class EncoderCore:
         except InvalidItemError:
             if self._in_flight.get(item.content_hash) is task:
                 del self._in_flight[item.content_hash]
-            return await self._start(item, lease)
+            return await self._start(item, lease, caller)
 
     def _forget(self, task: asyncio.Task) -> None:
         for name, running in list(self._in_flight.items()):
@@ -187,12 +200,12 @@ class EncoderCore:
         if not task.cancelled():
             task.exception()  # retrieved: waiters that were cancelled will not see it
 
-    async def _resolve(self, item: EncodeItem) -> tuple[RowBlock, Source]:
+    async def _resolve(self, item: EncodeItem, caller: Hashable) -> tuple[RowBlock, Source]:
         """Runs once per content hash at a time on this replica."""
         name = item.content_hash
         shared, fleet = self.shared, self.fleet
         if shared is None:
-            return await self._compute(item), Source.COMPUTED
+            return await self._compute(item, caller), Source.COMPUTED
         block = await shared.get(name)
         if block is None and not await shared.try_lease(
             name, fleet.replica_id, fleet.compute_lease_ms
@@ -207,7 +220,7 @@ class EncoderCore:
             return block, Source.REDIS
         renewal = asyncio.create_task(self._keep_lease(name))
         try:
-            block = await self._compute(item)
+            block = await self._compute(item, caller)
             await shared.put(name, block)
         finally:
             renewal.cancel()
@@ -225,8 +238,8 @@ class EncoderCore:
             if not await shared.renew_lease(name, fleet.replica_id, fleet.compute_lease_ms):
                 return  # not ours (expired, or Redis is down): nothing to keep
 
-    async def _compute(self, item: EncodeItem) -> RowBlock:
-        block = await self.batcher.submit(item)
+    async def _compute(self, item: EncodeItem, caller: Hashable) -> RowBlock:
+        block = await self.batcher.submit(item, caller)
         self.counters.num_items_computed += 1
         self.store.put(item.content_hash, block)
         return block

@@ -70,6 +70,7 @@ async def run(config: EncoderConfig) -> None:
             config.media_limits,
             shared,
             fleet,
+            config.max_batch_pixels,
         )
         core = servicer.core
         serve_metrics(config.metrics_port, config.host, new_registry(lambda: metric_readings(core)))

@@ -134,6 +134,10 @@ class PromptBuilder:
                 f"{len(media)} media items; at most {self.limit_mm_per_prompt} per request "
                 "(--limit-mm-per-prompt)"
             )
+        try:
+            self.decoder.check_request_pixels((part.modality, part.data) for part in media)
+        except ValueError as error:
+            raise PromptError(str(error)) from None
         return media
 
     def _check_text_length(self, messages: Sequence[ChatInput]) -> None:

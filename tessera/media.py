@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from PIL import Image
@@ -85,31 +86,13 @@ class DecodedImage:
         )
 
 
-def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> DecodedImage:
-    """Decodes encoded image bytes; refuses decompression bombs from the header alone.
-
-    Animated formats contribute their first frame.
-    """
-    if not data:
-        raise MediaError("image part is empty; send the bytes of a PNG, JPEG or WebP file")
+@contextlib.contextmanager
+def _image_errors() -> Iterator[None]:
+    """Turns whatever PIL raises on a file into a MediaError that says what to fix."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=ALLOWED_IMAGE_FORMATS)
-            width, height = image.size
-            if width * height > max_pixels:
-                raise MediaError(
-                    f"image is {width}x{height} = {width * height} pixels, above the limit of "
-                    f"{max_pixels}; send a smaller image"
-                )
-            image.load()
-            # Palette samples are only indices, and a transparency key (PNG tRNS) hides
-            # pixels that the processor paints white: expand both, so that the samples the
-            # content hash covers are the whole picture (two such images never share a key).
-            if image.mode == "PA" or "transparency" in image.info:
-                image = image.convert("RGBA")
-            elif image.mode == "P":
-                image = image.convert("RGB")
+            yield
     except MediaError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
@@ -124,4 +107,43 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Dec
         raise MediaError(
             f"image bytes could not be decoded ({error}); send a valid image file"
         ) from None
+
+
+def _open_header(data: bytes, max_pixels: int) -> Image.Image:
+    """The image with only its header read; refuses a size above `max_pixels`."""
+    if not data:
+        raise MediaError("image part is empty; send the bytes of a PNG, JPEG or WebP file")
+    image = Image.open(io.BytesIO(data), formats=ALLOWED_IMAGE_FORMATS)
+    width, height = image.size
+    if width * height > max_pixels:
+        raise MediaError(
+            f"image is {width}x{height} = {width * height} pixels, above the limit of "
+            f"{max_pixels}; send a smaller image"
+        )
+    return image
+
+
+def image_pixels(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> int:
+    """Width x height from the header alone (no pixel is decoded); raises MediaError as
+    decode_image would for a file it cannot take."""
+    with _image_errors():
+        width, height = _open_header(data, max_pixels).size
+    return width * height
+
+
+def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> DecodedImage:
+    """Decodes encoded image bytes; refuses decompression bombs from the header alone.
+
+    Animated formats contribute their first frame.
+    """
+    with _image_errors():
+        image = _open_header(data, max_pixels)
+        image.load()
+        # Palette samples are only indices, and a transparency key (PNG tRNS) hides
+        # pixels that the processor paints white: expand both, so that the samples the
+        # content hash covers are the whole picture (two such images never share a key).
+        if image.mode == "PA" or "transparency" in image.info:
+            image = image.convert("RGBA")
+        elif image.mode == "P":
+            image = image.convert("RGB")
     return DecodedImage(image)

@@ -6,23 +6,35 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tessera.audio import DEFAULT_MAX_AUDIO_SECONDS, DecodedAudio, decode_audio
-from tessera.media import DEFAULT_MAX_IMAGE_PIXELS, DecodedImage, decode_image
+from tessera.media import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DecodedImage,
+    MediaError,
+    decode_image,
+    image_pixels,
+)
 from tessera.placeholders import Modality
+
+# Two images of the largest size: what one request (or one Encode call) may make a
+# service decode. 16 such images took an encoder 15 s and 2 GB before this bound.
+DEFAULT_MAX_REQUEST_PIXELS = 2 * DEFAULT_MAX_IMAGE_PIXELS
 
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """Per-item bounds on what decoding may cost."""
+    """Bounds on what decoding may cost, per item and per request."""
 
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS
+    max_request_pixels: int = DEFAULT_MAX_REQUEST_PIXELS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> MediaLimits:
-        return cls(args.max_image_pixels, args.max_audio_seconds)
+        return cls(args.max_image_pixels, args.max_audio_seconds, args.max_request_pixels)
 
 
 def add_media_limit_flags(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +43,13 @@ def add_media_limit_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_IMAGE_PIXELS,
         help="larger images are refused from their header, before decoding",
+    )
+    parser.add_argument(
+        "--max-request-pixels",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_PIXELS,
+        help="most image pixels in one request (or one Encode call), summed from the "
+        "headers before any image is decoded",
     )
     parser.add_argument(
         "--max-audio-seconds",
@@ -69,3 +88,24 @@ class MediaDecoder:
                 raise ValueError("this model takes no audio")
             return decode_audio(data, self.audio_sampling_rate, self.max_audio_seconds)
         return decode_image(data, self.limits.max_image_pixels)
+
+    def pixels(self, modality: Modality, data: bytes) -> int:
+        """An image's pixels from its header (0 for audio, or bytes no image header
+        reads: decoding refuses those with the reason)."""
+        if modality != Modality.IMAGE:
+            return 0
+        try:
+            return image_pixels(data, self.limits.max_image_pixels)
+        except MediaError:
+            return 0
+
+    def check_request_pixels(self, items: Iterable[tuple[Modality, bytes]]) -> None:
+        """Refuses a request whose images add up to more than --max-request-pixels, from
+        their headers, before any is decoded. Raises MediaError."""
+        total = sum(self.pixels(modality, data) for modality, data in items)
+        if total > self.limits.max_request_pixels:
+            raise MediaError(
+                f"the request's images have {total} pixels in all, above the limit of "
+                f"{self.limits.max_request_pixels} (--max-request-pixels); send fewer or "
+                "smaller images"
+            )

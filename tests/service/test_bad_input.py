@@ -140,6 +140,26 @@ def test_gateway_refuses_a_decompression_bomb_from_its_header(gateway):
     assert_still_serving(gateway)
 
 
+def test_images_past_the_request_pixel_budget_are_refused_before_decoding(gateway, encoder):
+    # Each 7000 x 7000 image is under the 64 M-pixel item limit; three are 147 M pixels,
+    # above the 128 M of one request. Sixteen such images once held an encoder for 15 s.
+    sizes = [(7000, 7000), (7000, 7001), (7000, 7002)]
+    images = [_flat_png(*size) for size in sizes]
+    with pytest.raises(grpc.RpcError) as caught:
+        generate(gateway, user(*(image(data) for data in images), text("hi")))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "--max-request-pixels" in caught.value.details()
+    items = [
+        common_pb2.MediaItem(modality=common_pb2.MODALITY_IMAGE, data=data, content_hash=name * 64)
+        for data, name in zip(images, "abc", strict=True)
+    ]
+    with pytest.raises(grpc.RpcError) as caught:
+        encoder.Encode(encoder_pb2.EncodeRequest(items=items), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "--max-request-pixels" in caught.value.details()
+    assert_still_serving(gateway)
+
+
 def _flat_png(width: int, height: int) -> bytes:
     import io
 

@@ -1,7 +1,11 @@
-"""A caller who pins all it can: leases are bounded in all and per owner, so the encoder
-stays within its cache budget and keeps taking other callers' items."""
+"""A caller who takes all it can from an encoder: its pins are bounded in all and per
+owner, so the encoder stays within its cache budget and keeps taking other callers'
+items; its huge images run one batch at a time, with other callers' items between."""
 
 from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -37,7 +41,7 @@ def item_bytes(cluster) -> int:
 
 @pytest.fixture(scope="module")
 def small_encoder(demo_model_dir, item_bytes):
-    """An encoder whose cache holds CACHE_ITEMS items: 2 may be pinned per owner."""
+    """An encoder whose cache holds CACHE_ITEMS items, 2 of them pinned per owner."""
     own = Cluster()
     cache_bytes = CACHE_ITEMS * item_bytes
     own.start(
@@ -50,6 +54,9 @@ def small_encoder(demo_model_dir, item_bytes):
             str(cache_bytes),
             "--max-pinned-bytes-per-owner",
             str(2 * item_bytes),
+            # Requests of many huge images pass, to show how they share the model.
+            "--max-request-pixels",
+            str(10**9),
         ],
     )
     try:
@@ -87,3 +94,42 @@ def test_a_caller_pinning_everything_cannot_hold_the_cache(cluster, small_encode
     after = stats(small_encoder)
     assert after.num_cached_bytes <= CACHE_ITEMS * item_bytes
     assert after.num_pinned_bytes == 4 * item_bytes
+
+
+def flat_png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (width, height)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_small_image_does_not_wait_for_a_request_of_huge_ones(cluster, small_encoder):
+    """5 images of 20 M pixels in one call (each a batch of its own under the 16 M-pixel
+    batch bound) and, once the first of them runs, a one-image call from someone else:
+    it is served between two of the huge ones. FIFO put it behind all five."""
+    fingerprint = cluster.fingerprint()
+    huge = []
+    for index in range(5):
+        data = flat_png(4500, 4500 + index)
+        content_hash = decode_image(data).content_hash(fingerprint)
+        huge.append(
+            common_pb2.MediaItem(
+                modality=common_pb2.MODALITY_IMAGE, data=data, content_hash=content_hash
+            )
+        )
+    before = stats(small_encoder).num_batches
+    with ThreadPoolExecutor(1) as pool:
+        big_call = pool.submit(
+            small_encoder.Encode, encoder_pb2.EncodeRequest(items=huge), timeout=300
+        )
+        while stats(small_encoder).num_batches == before:  # the first huge image runs
+            assert not big_call.done(), big_call.result()
+            time.sleep(0.01)  # only to poll less often: nothing waits on the time
+        small = encoder_pb2.EncodeRequest(items=[image_item(fingerprint, 500)])
+        assert small_encoder.Encode(small, timeout=300).items[0].num_rows > 0
+        # Served while the huge call still had images to go.
+        assert not big_call.done()
+        assert len(big_call.result().items) == 5
