@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tessera.channels import ChannelPool
 
-log = logging.getLogger("tessera.gateway.replicas")
+log = logging.getLogger("tessera.replicas")
 
 DNS_PREFIX = "dns:///"
 
