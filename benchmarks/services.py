@@ -187,7 +187,8 @@ def add_deployment(
     base = ["--model", model, *common_flags]
     encoders = [f"{name}-encoder{i}" for i in range(num_encoders)]
     addresses = [cluster.start(e, "encoder", [*base, *encoder_flags]) for e in encoders]
-    decoder = cluster.start(f"{name}-decoder", "decoder", [*base, *decoder_flags])
+    encoder_list = ["--encoders", ",".join(addresses)]
+    decoder = cluster.start(f"{name}-decoder", "decoder", [*base, *encoder_list, *decoder_flags])
     cluster.start(
         f"{name}-gateway",
         "gateway",

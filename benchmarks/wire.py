@@ -28,6 +28,7 @@ from tessera.channels import ChannelPool
 from tessera.hashing import model_fingerprint
 from tessera.media import decode_image
 from tessera.placeholders import ChunkSlice, Modality, PlaceholderRange
+from tessera.replicas import ReplicaSet
 from tessera.server import GRPC_OPTIONS
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
 from tests.reference import noise_image
@@ -79,7 +80,9 @@ def _grpc_stream(stub, request: encoder_pb2.GetEmbeddingSlicesRequest, num_bytes
 
 def _decoder_client(item: MediaSource, num_copies: int, hidden_size: int) -> float:
     async def fetch() -> float:
-        client = EmbeddingClient(ChannelPool(), hidden_size, 60_000, 60.0)
+        # The decoder dials only encoders it discovered: here, the one the item names.
+        encoders = ReplicaSet("encoder", item.encoder_addresses, ChannelPool())
+        client = EmbeddingClient(encoders, hidden_size, 60_000, 60.0)
         whole = ChunkSlice(0, item.range.content_hash, 0, 0, item.range.length)
         started = time.perf_counter()
         await client.fetch_chunk("wire-bench", [item] * num_copies, [whole] * num_copies)

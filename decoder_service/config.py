@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from tessera.config_common import add_common_flags, add_model_flags
+from tessera.config_common import (
+    add_address_flag,
+    add_common_flags,
+    add_model_flags,
+    add_replica_flags,
+)
 from tessera.metrics import add_metrics_flag
 
 
@@ -14,6 +19,11 @@ class DecoderConfig:
     model: str
     host: str
     port: int
+    # The only encoders this decoder dials; a request's encoder_addresses are hints
+    # among them. Empty: requests with media are refused.
+    encoders: tuple[str, ...]
+    replica_refresh_seconds: float
+    replica_retry_seconds: float
     device: str
     dtype: str
     max_chunk_tokens: int
@@ -58,6 +68,16 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
     add_metrics_flag(parser)
     add_common_flags(parser, default_port=50053)
+    add_address_flag(
+        parser,
+        "--encoders",
+        "TESSERA_ENCODERS",
+        "the encoders to fetch embedding rows from, host:port[,...] or dns:///name:port for "
+        "every address of a name; the only ones this decoder dials (a request's encoder "
+        "addresses are hints among them). Without it, requests with media are refused",
+        required=False,
+    )
+    add_replica_flags(parser)
     parser.add_argument(
         "--max-chunk-tokens", type=int, default=512, help="largest prefill chunk, in tokens"
     )

@@ -1,9 +1,12 @@
 """Fetching exactly the embedding rows a prefill chunk needs from the encoders.
 
-For each item a chunk overlaps, the decoder asks the item's encoders, preferred first, for
-rows `[row_start, row_end)` only. An encoder that answers NOT_FOUND (the gateway's Encode
-has not arrived yet, the item was evicted, or it is another replica) is sent the item's
+For each item a chunk overlaps, the decoder asks encoders, preferred first, for rows
+`[row_start, row_end)` only. An encoder that answers NOT_FOUND (the gateway's Encode has
+not arrived yet, the item was evicted, or it is another replica) is sent the item's
 bytes to encode, and asked again; an unreachable one is skipped for the next.
+
+The decoder dials only the encoders it discovered itself (`--encoders`): the addresses a
+request names are hints that order them, never addresses to dial (`fetch_order`).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import grpc
 import torch
 
 from decoder_service.request import MediaSource
-from tessera.channels import ChannelPool
+from tessera.channels import ChannelPoolFullError
 from tessera.placeholders import ChunkSlice
+from tessera.rendezvous import encoder_order
+from tessera.replicas import ReplicaSet, UnknownReplicaError
 from tessera.tensor_codec import CodecError, parse_dtype
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 from tessera.wire import block_from_proto, media_item_to_proto
@@ -48,6 +53,23 @@ class ItemRefusedError(ValueError):
     cannot help."""
 
 
+def fetch_order(content_hash: str, hints: Sequence[str], encoders: ReplicaSet) -> list[str]:
+    """The encoders to ask for an item's rows, best first: the request's hints that are
+    among the discovered encoders, in the request's order, then the decoder's own
+    rendezvous order over the rest. An address not discovered is left out, so it is
+    never dialed.
+
+    Discovered a:1, b:1, c:1, own order for the item [c:1, a:1, b:1], hints
+    [evil:1, b:1, b:1] -> [b:1, c:1, a:1].
+    """
+    discovered = set(encoders.addresses)
+    order: list[str] = []
+    for address in [*hints, *encoder_order(content_hash, encoders)]:
+        if address in discovered and address not in order:
+            order.append(address)
+    return order
+
+
 @dataclass(frozen=True)
 class FetchedRows:
     slice: ChunkSlice
@@ -59,13 +81,13 @@ class FetchedRows:
 class EmbeddingClient:
     def __init__(
         self,
-        channels: ChannelPool,
+        encoders: ReplicaSet,
         row_width: int,
         lease_ms: int,
         timeout_seconds: float,
         fetch_whole: bool = False,
     ):
-        self.channels = channels
+        self.encoders = encoders
         # A benchmark baseline: fetch each overlapping item's whole embedding for every
         # chunk, and still place only the chunk's rows.
         self.fetch_whole = fetch_whole
@@ -76,6 +98,22 @@ class EmbeddingClient:
         self.num_bytes_received = 0
         # (encoder address, content_hash) -> Encode call in flight, shared by every fetch
         self._reencodes: dict[tuple[str, str], asyncio.Future] = {}
+
+    def require_encoders(self) -> None:
+        """Raises FetchError unless some encoder is known to fetch media rows from."""
+        if self.encoders.addresses:
+            return
+        if not self.encoders.targets:
+            raise FetchError(
+                "this decoder has no encoders to fetch media rows from: start it with "
+                "--encoders host:port[,...] or --encoders dns:///name:port"
+            )
+        raise FetchError(
+            f"no encoder discovered from --encoders {','.join(self.encoders.targets)} yet"
+        )
+
+    def order(self, item: MediaSource) -> list[str]:
+        return fetch_order(item.range.content_hash, item.encoder_addresses, self.encoders)
 
     async def fetch_chunk(
         self, request_id: str, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
@@ -100,10 +138,16 @@ class EmbeddingClient:
     async def _fetch_any(
         self, request_id: str, item: MediaSource, chunk_slice: ChunkSlice
     ) -> FetchedRows:
+        self.require_encoders()
         errors = []
-        for address in item.encoder_addresses:
+        for address in self.order(item):
             try:
                 return await self._fetch_from(address, request_id, item, chunk_slice)
+            except UnknownReplicaError:  # it left the set while earlier ones were tried
+                continue
+            except ChannelPoolFullError as error:
+                log.error("%s", error)
+                errors.append(f"{address}: {error}")
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _TRY_NEXT_REPLICA:
                     raise ItemRefusedError(
@@ -112,13 +156,13 @@ class EmbeddingClient:
                     ) from None
                 log.warning("encoder %s failed (%s); trying the next", address, error.code().name)
                 errors.append(f"{address}: {error.code().name}")
-        tried = "; ".join(errors) or "no encoders given"
+        tried = "; ".join(errors) or "every encoder left while trying"
         raise FetchError(f"no encoder could provide item {chunk_slice.content_hash} ({tried})")
 
     async def _fetch_from(
         self, address: str, request_id: str, item: MediaSource, chunk_slice: ChunkSlice
     ) -> FetchedRows:
-        stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(address))
+        stub = encoder_pb2_grpc.EncoderServiceStub(self.encoders.channel(address))
         try:
             return await self._stream_rows(stub, request_id, item, chunk_slice, reencoded=False)
         except grpc.aio.AioRpcError as error:

@@ -286,12 +286,17 @@ class Engine:
         if request.leases_released or not request.spec.items:
             return
         request.leases_released = True
-        for address in {a for item in request.spec.items for a in item.encoder_addresses}:
+        # Any discovered encoder may hold one (the gateway's Encode went to the first
+        # hint, fetches to the next ones when it failed, and a request without hints to
+        # the decoder's own choice); releasing where none is held costs a no-op call,
+        # as when the gateway's hints listed every encoder. An address the request
+        # names but this decoder did not discover is never called.
+        for address in self.embeddings.encoders.addresses:
             self._spawn(self._release_on(address, request.request_id))
 
     async def _release_on(self, address: str, owner: str) -> None:
-        stub = encoder_pb2_grpc.EncoderServiceStub(self.embeddings.channels.get(address))
         try:
+            stub = encoder_pb2_grpc.EncoderServiceStub(self.embeddings.encoders.channel(address))
             await stub.ReleaseLeases(encoder_pb2.ReleaseLeasesRequest(lease_owner=owner), timeout=5)
         except Exception as error:  # the lease runs out by itself
             log.debug("releasing leases on %s failed: %s", address, error)

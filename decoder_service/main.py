@@ -21,6 +21,7 @@ from decoder_service.servicer import DecoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.channels import ChannelPool
 from tessera.metrics import new_registry, serve_metrics
+from tessera.replicas import ReplicaSet
 from tessera.server import configure_logging, serve, service_spec
 from tessera.v1 import decoder_pb2_grpc
 
@@ -44,7 +45,19 @@ def kv_cache_bytes(config: DecoderConfig, device: torch.device) -> int:
     return int(total * config.kv_cache_memory_fraction)
 
 
-def build_engine(config: DecoderConfig, family: ModelFamily) -> Engine:
+def encoder_replicas(config: DecoderConfig) -> ReplicaSet:
+    """The encoders of --encoders: the only ones this decoder will dial. Its channel pool
+    serves nothing else, so it holds one channel per encoder of the fleet."""
+    return ReplicaSet(
+        "encoder",
+        config.encoders,
+        ChannelPool(),
+        config.replica_refresh_seconds,
+        config.replica_retry_seconds,
+    )
+
+
+def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSet) -> Engine:
     check_item_budget(config, family)
     max_model_len = min(config.max_model_len or family.max_model_len, family.max_model_len)
     shape = family.kv_shape()
@@ -73,7 +86,7 @@ def build_engine(config: DecoderConfig, family: ModelFamily) -> Engine:
     kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
     row_width = family.hidden_size * family.num_planes
     embeddings = EmbeddingClient(
-        ChannelPool(),
+        encoders,
         row_width,
         config.lease_ms,
         config.fetch_timeout_seconds,
@@ -104,8 +117,12 @@ def check_item_budget(config: DecoderConfig, family: ModelFamily) -> None:
 
 async def run(config: DecoderConfig) -> None:
     servicer = DecoderServicer(config)
+    encoders = encoder_replicas(config)
 
     async def load() -> str:
+        await encoders.start()
+        if not config.encoders:
+            log.warning("no --encoders: requests with media items will be refused")
         options = LoadOptions(
             ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL,
             config.device,
@@ -115,7 +132,7 @@ async def run(config: DecoderConfig) -> None:
         family = await asyncio.to_thread(
             load_family, config.model, options, config.model_fingerprint
         )
-        engine = build_engine(config, family)
+        engine = build_engine(config, family, encoders)
         engine.start()
         servicer.engine = engine
         serve_metrics(
@@ -128,7 +145,8 @@ async def run(config: DecoderConfig) -> None:
             f"max_num_seqs={config.max_num_seqs} "
             f"max_num_batched_tokens={config.max_num_batched_tokens} "
             f"kv_blocks={kv.num_blocks}x{kv.block_size} prefix_caching={kv.enable_prefix_caching} "
-            f"metrics_port={config.metrics_port or 'off'}"
+            f"metrics_port={config.metrics_port or 'off'} "
+            f"encoders={','.join(config.encoders) or 'none'}"
         )
 
     async def drain(seconds: float) -> None:
@@ -136,12 +154,15 @@ async def run(config: DecoderConfig) -> None:
             await servicer.engine.drain(seconds)
 
     spec = service_spec("decoder", config, "DecoderService")
-    await serve(
-        spec,
-        lambda server: decoder_pb2_grpc.add_DecoderServiceServicer_to_server(servicer, server),
-        load,
-        drain=drain,
-    )
+    try:
+        await serve(
+            spec,
+            lambda server: decoder_pb2_grpc.add_DecoderServiceServicer_to_server(servicer, server),
+            load,
+            drain=drain,
+        )
+    finally:
+        await encoders.stop()
 
 
 def main(args: argparse.Namespace) -> None:

@@ -39,6 +39,8 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServiceServicer):
         except ValueError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         try:
+            if spec.items:  # refused before it takes KV blocks, as a fetch would refuse it
+                engine.embeddings.require_encoders()
             async for event in engine.generate(spec):
                 if isinstance(event, SampledToken):
                     yield decoder_pb2.DecodeResponse(tokens=token_batch_to_proto([event]))

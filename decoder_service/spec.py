@@ -85,8 +85,6 @@ def _media_source(index: int, item: decoder_pb2.MediaSource, family: ModelFamily
         raise ValueError(f"item {index}: {error}") from None
     if not is_content_hash(placeholder.content_hash):
         raise ValueError(f"item {index}: {placeholder.content_hash!r} is not a content hash")
-    if not item.encoder_addresses:
-        raise ValueError(f"item {index}: no encoder address to fetch its rows from")
     family.check_layout(placeholder)
     return MediaSource(placeholder, tuple(item.encoder_addresses), item.data, options)
 

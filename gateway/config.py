@@ -6,7 +6,12 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from tessera.config_common import add_common_flags, add_model_flags, env_default
+from tessera.config_common import (
+    add_address_flag,
+    add_common_flags,
+    add_model_flags,
+    add_replica_flags,
+)
 from tessera.media import options_from_json
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 
@@ -16,13 +21,6 @@ def _processing_options(value: str) -> dict[str, int]:
         return options_from_json(json.loads(value))
     except ValueError as error:  # json.JSONDecodeError is a ValueError too
         raise argparse.ArgumentTypeError(f"expected a JSON object of integers: {error}") from None
-
-
-def _address_list(value: str) -> tuple[str, ...]:
-    addresses = tuple(a.strip() for a in value.split(",") if a.strip())
-    if not addresses:
-        raise argparse.ArgumentTypeError("give at least one host:port")
-    return addresses
 
 
 @dataclass(frozen=True)
@@ -61,20 +59,17 @@ class GatewayConfig:
 def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
     add_common_flags(parser, default_port=50051)
-    parser.add_argument(
+    add_address_flag(
+        parser,
         "--encoders",
-        type=_address_list,
-        default=env_default("TESSERA_ENCODERS", None, _address_list),
-        required=env_default("TESSERA_ENCODERS", None) is None,
-        help="encoder addresses host:port[,...] or dns:///name:port for every address of a "
-        "name (env TESSERA_ENCODERS)",
+        "TESSERA_ENCODERS",
+        "encoder addresses host:port[,...] or dns:///name:port for every address of a name",
     )
-    parser.add_argument(
+    add_address_flag(
+        parser,
         "--decoders",
-        type=_address_list,
-        default=env_default("TESSERA_DECODERS", None, _address_list),
-        required=env_default("TESSERA_DECODERS", None) is None,
-        help="decoder addresses host:port[,...] or dns:///name:port (env TESSERA_DECODERS)",
+        "TESSERA_DECODERS",
+        "decoder addresses host:port[,...] or dns:///name:port",
     )
     add_media_limit_flags(parser)
     parser.add_argument(
@@ -135,18 +130,7 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         default=20 << 20,
         help="largest media file fetched from a URL (enforced while streaming)",
     )
-    parser.add_argument(
-        "--replica-refresh-seconds",
-        type=float,
-        default=5.0,
-        help="how often replicas are resolved again and health-checked",
-    )
-    parser.add_argument(
-        "--replica-retry-seconds",
-        type=float,
-        default=5.0,
-        help="how long a failed replica is set aside before it is tried again",
-    )
+    add_replica_flags(parser)
     parser.add_argument(
         "--lease-ms",
         type=int,

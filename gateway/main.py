@@ -12,12 +12,12 @@ from gateway.http_server import HttpApi, start_http
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import GenerationPipeline
 from gateway.prompt import PromptBuilder
-from gateway.replicas import ReplicaSet
 from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
 from tessera.metrics import new_registry
+from tessera.replicas import ReplicaSet
 from tessera.server import configure_logging, serve, service_spec
 from tessera.v1 import gateway_pb2_grpc
 

@@ -14,9 +14,10 @@ import grpc
 
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
-from gateway.replicas import ReplicaSet
-from gateway.router import DecoderRouter, encoder_order
+from gateway.router import DecoderRouter
 from tessera.channels import ChannelPool
+from tessera.rendezvous import encoder_order
+from tessera.replicas import ReplicaSet
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 from tessera.wire import media_item_to_proto, range_to_proto
 

@@ -1,24 +1,10 @@
-"""Choosing replicas: encoders by content hash (cache affinity), decoders by load."""
+"""Choosing decoders by load (encoders are ranked by content hash: tessera.rendezvous)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
-from gateway.replicas import ReplicaSet
-
-
-def rendezvous_order(content_hash: str, addresses: Sequence[str]) -> list[str]:
-    """Encoders ranked for an item, best first (highest-random-weight hashing).
-
-    Every gateway ranks the same way, an item keeps its encoder while that encoder lives,
-    and removing an encoder moves only the items it ranked first.
-    """
-
-    def weight(address: str) -> bytes:
-        return hashlib.blake2b(f"{address}|{content_hash}".encode(), digest_size=8).digest()
-
-    return sorted(addresses, key=weight, reverse=True)
+from tessera.replicas import ReplicaSet
 
 
 class DecoderRouter:
@@ -39,9 +25,3 @@ class DecoderRouter:
 
     def release(self, address: str) -> None:
         self._outstanding[address] -= 1
-
-
-def encoder_order(content_hash: str, replicas: ReplicaSet) -> list[str]:
-    """Live encoders by rendezvous rank, then the ones set aside (a last resort)."""
-    live = rendezvous_order(content_hash, replicas.live())
-    return live + [a for a in rendezvous_order(content_hash, replicas.addresses) if a not in live]

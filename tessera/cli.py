@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--encoders",
         type=replica_count,
         default=1,
-        help="encoder replicas to start (the gateway gets every address)",
+        help="encoder replicas to start (the gateway and every decoder get every address)",
     )
     serve.add_argument(
         "--decoders",

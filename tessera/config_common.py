@@ -49,3 +49,46 @@ def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None
         help="on SIGTERM, how long in-flight requests get to finish",
     )
     parser.add_argument("--log-level", default=env_default("TESSERA_LOG_LEVEL", "INFO"))
+
+
+def address_list(value: str) -> tuple[str, ...]:
+    """Replica targets, each `host:port` or `dns:///name:port` (tessera.replicas).
+
+    `"10.0.0.1:50052, dns:///tessera-encoder:50052"` ->
+    `("10.0.0.1:50052", "dns:///tessera-encoder:50052")`
+    """
+    addresses = tuple(a.strip() for a in value.split(",") if a.strip())
+    if not addresses:
+        raise argparse.ArgumentTypeError("give at least one host:port")
+    return addresses
+
+
+def add_address_flag(
+    parser: argparse.ArgumentParser, flag: str, env: str, help: str, required: bool = True
+) -> None:
+    """A list of replica targets (`--encoders`, `--decoders`), defaulting to `env`. An
+    optional one defaults to no targets at all."""
+    default = env_default(env, None if required else (), address_list)
+    parser.add_argument(
+        flag,
+        type=address_list,
+        default=default,
+        required=default is None,
+        help=f"{help} (env {env})",
+    )
+
+
+def add_replica_flags(parser: argparse.ArgumentParser) -> None:
+    """How a service keeps its view of the replicas it calls (tessera.replicas)."""
+    parser.add_argument(
+        "--replica-refresh-seconds",
+        type=float,
+        default=5.0,
+        help="how often replicas are resolved again and health-checked",
+    )
+    parser.add_argument(
+        "--replica-retry-seconds",
+        type=float,
+        default=5.0,
+        help="how long a failed replica is set aside before it is tried again",
+    )

@@ -6,10 +6,10 @@ on grpc.health.v1, prints where to connect (and each replica's address and pid),
 them all on Ctrl-C or SIGTERM.
 
 With `--encoders N --decoders M` it mirrors a cluster on loopback: N encoder replicas
-(sharing `--redis-url` if given, like the encoder Deployment), M decoder replicas, and a
-gateway that gets every replica's address. A replica that dies is reported and routed
-around, as in a cluster (without the restart); serve stops when the gateway or the last
-replica of a service is gone.
+(sharing `--redis-url` if given, like the encoder Deployment), M decoder replicas that
+each get every encoder's address, and a gateway that gets every replica's address. A
+replica that dies is reported and routed around, as in a cluster (without the restart);
+serve stops when the gateway or the last replica of a service is gone.
 """
 
 from __future__ import annotations
@@ -110,9 +110,10 @@ def plan_replicas(
     with_metrics: Collection[str] = (),
     ports: Iterator[int] | None = None,
 ) -> list[Replica]:
-    """What to start, in start order: the encoders, the decoders, then the gateway with
-    every encoder and decoder address. The flags mirror the Kubernetes manifests: the
-    encoders share `--redis-url`, the gateway lists the replicas (there through DNS)."""
+    """What to start, in start order: the encoders, the decoders with every encoder
+    address, then the gateway with every encoder and decoder address. The flags mirror the
+    Kubernetes manifests: the encoders share `--redis-url`, the decoders and the gateway
+    list the replicas they call (there through DNS)."""
     if encoders < 1 or decoders < 1:
         raise SystemExit("tessera serve needs at least one encoder and one decoder")
     ports = ports or distinct_free_ports(host, taken={gateway_port})
@@ -130,18 +131,14 @@ def plan_replicas(
 
     redis = ["--redis-url", redis_url] if redis_url else []
     encoder_list = [add("encoder", i, encoders, next(ports), redis) for i in range(encoders)]
-    decoder_list = [add("decoder", i, decoders, next(ports), []) for i in range(decoders)]
+    encoder_flag = ["--encoders", ",".join(r.address for r in encoder_list)]
+    decoder_list = [add("decoder", i, decoders, next(ports), encoder_flag) for i in range(decoders)]
     add(
         "gateway",
         0,
         1,
         gateway_port,
-        [
-            "--encoders",
-            ",".join(r.address for r in encoder_list),
-            "--decoders",
-            ",".join(r.address for r in decoder_list),
-        ],
+        [*encoder_flag, "--decoders", ",".join(r.address for r in decoder_list)],
     )
     return replicas
 

@@ -58,7 +58,7 @@ class Cluster:
         """One encoder, one decoder and a gateway in front of them, on `model_dir`."""
         model = ["--model", str(model_dir)]
         encoder = self.start("encoder", "encoder", [*model, *encoder_args])
-        decoder = self.start("decoder", "decoder", model)
+        decoder = self.start("decoder", "decoder", [*model, "--encoders", encoder])
         self.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
 
     def wait_ready(self) -> None:

@@ -39,9 +39,19 @@ def cluster(demo_model_dir) -> Cluster:
         encoder = services.start(
             "encoder", "encoder", [*model, "--metrics-port", str(services.metrics_ports["encoder"])]
         )
-        services.start("small-encoder", "encoder", [*model, "--cache-bytes", "0"])
+        small = services.start("small-encoder", "encoder", [*model, "--cache-bytes", "0"])
+        # The decoder dials only the encoders it is given: both, so that tests may send it
+        # requests naming either.
         decoder = services.start(
-            "decoder", "decoder", [*model, "--metrics-port", str(services.metrics_ports["decoder"])]
+            "decoder",
+            "decoder",
+            [
+                *model,
+                "--encoders",
+                f"{encoder},{small}",
+                "--metrics-port",
+                str(services.metrics_ports["decoder"]),
+            ],
         )
         services.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
         services.wait_ready()

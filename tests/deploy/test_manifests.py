@@ -219,11 +219,18 @@ def test_services_select_the_pods_and_reach_their_grpc_port(rendered: Rendered, 
         assert not svc["spec"].get("publishNotReadyAddresses", False)
 
 
-@pytest.mark.parametrize(("flag", "service"), [("encoders", "encoder"), ("decoders", "decoder")])
-def test_gateway_discovers_replicas_through_the_headless_services(rendered, flag, service):
-    gateway = parsed_service(rendered, "gateway")
-    (target,) = getattr(gateway, flag)
-    assert target.startswith("dns:///"), f"--{flag} must resolve every replica: {target}"
+@pytest.mark.parametrize(
+    ("caller", "flag", "service"),
+    [
+        ("gateway", "encoders", "encoder"),
+        ("gateway", "decoders", "decoder"),
+        # The decoder dials only the encoders it discovers itself, never one a request names.
+        ("decoder", "encoders", "encoder"),
+    ],
+)
+def test_callers_discover_replicas_through_the_headless_services(rendered, caller, flag, service):
+    (target,) = getattr(parsed_service(rendered, caller), flag)
+    assert target.startswith("dns:///"), f"{caller} --{flag} must resolve every replica: {target}"
     name, port = target.removeprefix("dns:///").rsplit(":", 1)
     svc = rendered.get("Service", name)
     assert svc["spec"]["clusterIP"] == "None"

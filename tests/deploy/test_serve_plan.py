@@ -27,7 +27,7 @@ def test_default_is_one_of_each_with_the_old_arguments():
     encoder, decoder, gateway = replicas
     common = ["--model", "m", "--host", "127.0.0.1"]
     assert encoder.args == [*common, "--port", "41000"]
-    assert decoder.args == [*common, "--port", "41001"]
+    assert decoder.args == [*common, "--port", "41001", "--encoders", "127.0.0.1:41000"]
     assert gateway.args == [
         *common,
         "--port",
@@ -39,7 +39,7 @@ def test_default_is_one_of_each_with_the_old_arguments():
     ]
 
 
-def test_replicas_share_redis_and_the_gateway_gets_every_address():
+def test_replicas_share_redis_and_decoders_and_the_gateway_get_every_address():
     replicas = plan(encoders=3, decoders=2, redis_url="redis://127.0.0.1:6400/0")
     encoders = [r for r in replicas if r.service == "encoder"]
     decoders = [r for r in replicas if r.service == "decoder"]
@@ -49,8 +49,11 @@ def test_replicas_share_redis_and_the_gateway_gets_every_address():
     assert len({r.address for r in replicas}) == len(replicas) == 6
     for encoder in encoders:
         assert encoder.args[-2:] == ["--redis-url", "redis://127.0.0.1:6400/0"]
+    encoder_list = ",".join(r.address for r in encoders)
     for decoder in decoders:
         assert "--redis-url" not in decoder.args
+        # Each decoder dials only the encoders it is given: all of them.
+        assert decoder.args[decoder.args.index("--encoders") + 1] == encoder_list
     index = gateway.args.index("--encoders")
     assert gateway.args[index + 1] == ",".join(r.address for r in encoders)
     index = gateway.args.index("--decoders")
@@ -99,6 +102,10 @@ def test_every_planned_command_line_parses_in_its_service():
         assert f"{parsed.host}:{parsed.port}" == replica.address
     gateway = parsers["gateway"].parse_args(replicas[-1].args)
     assert len(gateway.encoders) == 2 and len(gateway.decoders) == 2
+    for replica in replicas:
+        if replica.service == "decoder":
+            decoder = parsers["decoder"].parse_args(replica.args)
+            assert decoder.encoders == gateway.encoders
 
 
 def test_serve_options():

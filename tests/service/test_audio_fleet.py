@@ -35,7 +35,7 @@ def fleet(tmp_path_factory):
     try:
         redis = ["--redis-url", redis_server.url]
         encoders = [own.start(name, "encoder", [*model, *redis]) for name in ENCODERS]
-        decoder = own.start("decoder", "decoder", model)
+        decoder = own.start("decoder", "decoder", [*model, "--encoders", ",".join(encoders)])
         own.start(
             "gateway", "gateway", [*model, "--encoders", ",".join(encoders), "--decoders", decoder]
         )

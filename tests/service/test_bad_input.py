@@ -213,22 +213,6 @@ def test_decoder_rejects_malformed_requests(cluster, decoder, reference):
             decode_request([1, image_id, 5], [media_source(address, 1, 1, "xyz")]),
             "content hash",
         ),
-        "no encoder address": (
-            decode_request(
-                [1, image_id, 5],
-                [
-                    decoder_pb2.MediaSource(
-                        range=common_pb2.PlaceholderRange(
-                            modality=common_pb2.MODALITY_IMAGE,
-                            content_hash=good_hash,
-                            offset=1,
-                            length=1,
-                        )
-                    )
-                ],
-            ),
-            "encoder address",
-        ),
         "prompt as long as the context": (decode_request([5] * 2048), "context"),
         "a request id of 100 kB": (
             decoder_pb2.DecodeRequest(request_id="x" * 100_000, prompt_token_ids=[1, 2]),

@@ -12,7 +12,7 @@ import pytest
 
 from decoder_service.config import DecoderConfig
 from decoder_service.engine import RequestFailedError
-from decoder_service.main import build_engine
+from decoder_service.main import build_engine, encoder_replicas
 from decoder_service.main import build_parser as build_decoder_parser
 from decoder_service.paged_attention import ATTENTION_NAME, PagedKVStore
 from decoder_service.request import SampledToken, SamplingOptions
@@ -51,6 +51,8 @@ def small(demo_model_dir, cluster):
                 "24",
                 "--max-chunk-tokens",
                 "16",
+                "--encoders",
+                cluster.address("encoder"),
             ],
         )
         own.start(
@@ -113,6 +115,12 @@ def decode_spec(family, builder, encoder: str, index: int, prompt, chunk: int):
     return spec_from_proto(message, family, 2048, 64, MAX_NEW_TOKENS)
 
 
+def in_process_engine(family, flags: list[str]):
+    """The engine `tessera decoder <flags>` would run, in this process (not started)."""
+    config = DecoderConfig.from_args(build_decoder_parser().parse_args(flags))
+    return build_engine(config, family, encoder_replicas(config))
+
+
 async def run_all(engine, specs, return_exceptions: bool = False) -> list:
     """Every request is queued before the engine's first step, so what it schedules does
     not depend on arrival times. With `return_exceptions`, a failed request's error
@@ -147,10 +155,13 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
     block_bytes = PagedKVStore.bytes_per_block(
         shape.num_layers, 16, shape.num_kv_heads, shape.head_dim, family.dtype
     )
-    args = build_decoder_parser().parse_args(
+    engine = in_process_engine(
+        family,
         [
             "--model",
             str(demo_model_dir),
+            "--encoders",
+            encoder,
             "--kv-cache-bytes",
             str(num_blocks * block_bytes),
             "--max-num-seqs",
@@ -159,9 +170,8 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
             "256",
             "--max-chunk-tokens",
             "64",
-        ]
+        ],
     )
-    engine = build_engine(DecoderConfig.from_args(args), family)
     assert engine.scheduler.kv.num_blocks == num_blocks
 
     results = asyncio.run(run_all(engine, texts + images))
@@ -293,8 +303,7 @@ def test_a_request_that_fails_in_its_step_ends_alone(demo_model_dir, cluster, re
     good = [decode_spec(family, builder, encoder, i, p, 64) for i, p in enumerate(TEXT_PROMPTS)]
     unchecked = SamplingOptions(max_tokens=MAX_NEW_TOKENS, temperature=1e-39)
     poison = replace(good[0], request_id="poison", sampling=unchecked)
-    args = build_decoder_parser().parse_args(["--model", str(demo_model_dir)])
-    engine = build_engine(DecoderConfig.from_args(args), family)
+    engine = in_process_engine(family, ["--model", str(demo_model_dir), "--encoders", encoder])
 
     outcomes = asyncio.run(run_all(engine, [poison, *good], return_exceptions=True))
     error, results = outcomes[0], outcomes[1:]

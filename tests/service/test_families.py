@@ -112,7 +112,7 @@ def stack(request, tmp_path_factory) -> FamilyStack:
         limits = ["--max-image-pixels", str(MAX_IMAGE_PIXELS)]
         limits += ["--max-audio-seconds", str(MAX_AUDIO_SECONDS)]
         encoder = cluster.start("encoder", "encoder", [*model, *limits])
-        decoder = cluster.start("decoder", "decoder", model)
+        decoder = cluster.start("decoder", "decoder", [*model, "--encoders", encoder])
         routes = ["--encoders", encoder, "--decoders", decoder, "--http-port", str(http_port)]
         cluster.start("gateway", "gateway", [*model, *limits, *routes])
         reference = Reference(model_dir)

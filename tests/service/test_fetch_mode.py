@@ -23,7 +23,11 @@ def whole_fetch(demo_model_dir, cluster):
     own = Cluster()
     model = ["--model", str(demo_model_dir)]
     try:
-        decoder = own.start("decoder", "decoder", [*model, "--fetch-mode", "whole"])
+        decoder = own.start(
+            "decoder",
+            "decoder",
+            [*model, "--fetch-mode", "whole", "--encoders", cluster.address("encoder")],
+        )
         own.start(
             "gateway",
             "gateway",

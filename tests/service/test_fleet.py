@@ -30,7 +30,7 @@ def fleet(demo_model_dir, tmp_path_factory):
     redis = ["--redis-url", redis_server.url, "--redis-timeout-seconds", "0.3"]
     try:
         encoders = [own.start(name, "encoder", [*model, *redis]) for name in ENCODERS]
-        decoder = own.start("decoder", "decoder", model)
+        decoder = own.start("decoder", "decoder", [*model, "--encoders", ",".join(encoders)])
         own.start(
             "gateway",
             "gateway",
@@ -213,7 +213,7 @@ def test_redis_down_at_start(demo_model_dir, reference, tmp_path):
     model = ["--model", str(demo_model_dir)]
     try:
         encoder = own.start("encoder", "encoder", [*model, "--redis-url", nowhere.url])
-        decoder = own.start("decoder", "decoder", model)
+        decoder = own.start("decoder", "decoder", [*model, "--encoders", encoder])
         own.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
         own.wait_ready()
         with Client(own.address("gateway")) as client:

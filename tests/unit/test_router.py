@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 
-from gateway.replicas import ReplicaSet, resolve
-from gateway.router import DecoderRouter, encoder_order, rendezvous_order
+from gateway.router import DecoderRouter
 from tessera.channels import ChannelPool
+from tessera.rendezvous import encoder_order, rendezvous_order
+from tessera.replicas import ReplicaSet, resolve
 
 ENCODERS = ["10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052"]
 HASHES = [hashlib.blake2b(str(i).encode(), digest_size=32).hexdigest() for i in range(1000)]

@@ -5,11 +5,16 @@ the name (a headless Kubernetes Service lists one per pod) and is resolved again
 `refresh_seconds`. A replica that fails a call or a health check is set aside for
 `retry_seconds`, then tried again; when every replica is set aside, all are offered
 (a request is better tried than refused).
+
+The set is also what a process may dial: `channel(address)` refuses any address the set
+does not hold, and the channel of a replica that leaves DNS is retired from the pool, so
+the pool stays about as large as the fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -20,9 +25,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tessera.channels import ChannelPool
 
-log = logging.getLogger("tessera.gateway.replicas")
+log = logging.getLogger("tessera.replicas")
 
 DNS_PREFIX = "dns:///"
+# How long calls in flight to a replica that left DNS may go on before its channel is
+# closed under them. A replica leaves when its pod stops being ready (it drains, or is
+# gone), and its own drain (--drain-seconds) ends its calls well before this; the
+# channel closes as soon as they end.
+RETIRE_GRACE_SECONDS = 600.0
+
+
+class UnknownReplicaError(LookupError):
+    """An address that is not one of the set's replicas: it is never dialed."""
 
 
 def split_host_port(target: str) -> tuple[str, int]:
@@ -73,10 +87,22 @@ class ReplicaSet:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
 
     @property
     def addresses(self) -> list[str]:
         return list(self._addresses)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to one of the set's replicas; any other address raises
+        UnknownReplicaError. Callers filter addresses against `addresses` first: this is
+        the guarantee that an address from a request is never dialed, and it also catches
+        a replica that left the set while a caller was still going down its list."""
+        if address not in self._addresses:
+            raise UnknownReplicaError(f"{address} is not a discovered {self.name}")
+        return self.channels.get(address)
 
     def live(self) -> list[str]:
         """Replicas not set aside; every replica if all are."""
@@ -103,13 +129,19 @@ class ReplicaSet:
                 log.warning("cannot resolve %s: %s", target, error)
         if addresses and addresses != self._addresses:
             log.info("%s replicas: %s", self.name, ", ".join(addresses))
+            for gone in set(self._addresses) - set(addresses):
+                self.channels.retire(gone, RETIRE_GRACE_SECONDS)
+                self._down_until.pop(gone, None)
             self._addresses = addresses
 
     async def _maintain(self) -> None:
         while True:
             await asyncio.sleep(self.refresh_seconds)
-            await self.refresh()
-            await asyncio.gather(*(self._probe(a) for a in self._addresses))
+            try:
+                await self.refresh()
+                await asyncio.gather(*(self._probe(a) for a in self._addresses))
+            except Exception:  # e.g. ChannelPoolFullError: keep discovering, say why
+                log.exception("refreshing the %s replicas failed", self.name)
 
     async def _probe(self, address: str) -> None:
         stub = health_pb2_grpc.HealthStub(self.channels.get(address))
