@@ -70,6 +70,10 @@ def fetch_order(content_hash: str, hints: Sequence[str], encoders: ReplicaSet) -
     return order
 
 
+class _NotKeptError(RuntimeError):
+    """An encoder lost an item between encoding it and serving its rows."""
+
+
 @dataclass(frozen=True)
 class FetchedRows:
     slice: ChunkSlice
@@ -148,6 +152,9 @@ class EmbeddingClient:
             except ChannelPoolFullError as error:
                 log.error("%s", error)
                 errors.append(f"{address}: {error}")
+            except _NotKeptError as error:
+                log.warning("%s; trying the next encoder", error)
+                errors.append(str(error))
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _TRY_NEXT_REPLICA:
                     raise ItemRefusedError(
@@ -169,7 +176,14 @@ class EmbeddingClient:
             if error.code() != grpc.StatusCode.NOT_FOUND or not item.data:
                 raise
         sent = await self._encode_once(stub, address, request_id, item)
-        return await self._stream_rows(stub, request_id, item, chunk_slice, reencoded=sent)
+        try:
+            return await self._stream_rows(stub, request_id, item, chunk_slice, reencoded=sent)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            # Encoded, then gone before it could be read: the encoder could not keep it
+            # (its cache is full and its pin budget spent). Its trouble, not the item's.
+            raise _NotKeptError(f"{address}: evicted right after encoding") from None
 
     async def _encode_once(
         self,

@@ -39,7 +39,10 @@ def cluster(demo_model_dir) -> Cluster:
         encoder = services.start(
             "encoder", "encoder", [*model, "--metrics-port", str(services.metrics_ports["encoder"])]
         )
-        small = services.start("small-encoder", "encoder", [*model, "--cache-bytes", "0"])
+        # A cache that keeps nothing unpinned; a request's pins keep its items while
+        # its prefill needs them (pins have a budget of their own past the cache's).
+        pins = ["--max-pinned-bytes", str(64 << 20), "--max-pinned-bytes-per-owner", str(64 << 20)]
+        small = services.start("small-encoder", "encoder", [*model, "--cache-bytes", "0", *pins])
         # The decoder dials only the encoders it is given: both, so that tests may send it
         # requests naming either.
         decoder = services.start(

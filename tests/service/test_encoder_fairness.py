@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from tessera.media import decode_image
-from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
+from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 from tests.cluster import Cluster
 from tests.reference import noise_image
 
@@ -40,18 +40,19 @@ def item_bytes(cluster) -> int:
 
 
 @pytest.fixture(scope="module")
-def small_encoder(demo_model_dir, item_bytes):
-    """An encoder whose cache holds CACHE_ITEMS items, 2 of them pinned per owner."""
+def own(demo_model_dir, item_bytes):
+    """ "encoder": its cache holds CACHE_ITEMS items, 2 of them pinned per owner;
+    "forgetful": its cache holds nothing and it grants no pins; a decoder that knows
+    only "forgetful"."""
     own = Cluster()
-    cache_bytes = CACHE_ITEMS * item_bytes
+    model = ["--model", str(demo_model_dir)]
     own.start(
         "encoder",
         "encoder",
         [
-            "--model",
-            str(demo_model_dir),
+            *model,
             "--cache-bytes",
-            str(cache_bytes),
+            str(CACHE_ITEMS * item_bytes),
             "--max-pinned-bytes-per-owner",
             str(2 * item_bytes),
             # Requests of many huge images pass, to show how they share the model.
@@ -59,12 +60,21 @@ def small_encoder(demo_model_dir, item_bytes):
             str(10**9),
         ],
     )
+    forgetful = own.start("forgetful", "encoder", [*model, "--cache-bytes", "0"])
+    own.start(
+        "decoder", "decoder", [*model, "--encoders", forgetful, "--kv-cache-bytes", "8388608"]
+    )
     try:
         own.wait_ready()
-        with grpc.insecure_channel(own.address("encoder")) as channel:
-            yield encoder_pb2_grpc.EncoderServiceStub(channel)
+        yield own
     finally:
         own.stop()
+
+
+@pytest.fixture(scope="module")
+def small_encoder(own):
+    with grpc.insecure_channel(own.address("encoder")) as channel:
+        yield encoder_pb2_grpc.EncoderServiceStub(channel)
 
 
 def stats(stub) -> encoder_pb2.EncoderStats:
@@ -133,3 +143,35 @@ def test_a_small_image_does_not_wait_for_a_request_of_huge_ones(cluster, small_e
         # Served while the huge call still had images to go.
         assert not big_call.done()
         assert len(big_call.result().items) == 5
+
+
+def test_an_item_lost_right_after_encoding_is_the_encoders_trouble(own, cluster, reference):
+    """An encoder that cannot keep an item until it is read (no cache, no pins) fails the
+    fetch as the encoders' trouble (FAILED_PRECONDITION, a 503 at the gateway), not as a
+    bad item (it said INVALID_ARGUMENT "Encode it first" before)."""
+    image = noise_image(2024, 30, 30)
+    messages = [("user", [image, "What is shown?"])]
+    prompt = reference.inputs(messages)["input_ids"][0].tolist()
+    positions = [p for p, t in enumerate(prompt) if t == reference.placeholder_token_id]
+    request = decoder_pb2.DecodeRequest(
+        request_id="forgotten",
+        prompt_token_ids=prompt,
+        items=[
+            decoder_pb2.MediaSource(
+                range=common_pb2.PlaceholderRange(
+                    modality=common_pb2.MODALITY_IMAGE,
+                    content_hash=decode_image(image).content_hash(cluster.fingerprint()),
+                    offset=positions[0],
+                    length=len(positions),
+                ),
+                data=image,
+            )
+        ],
+        sampling=common_pb2.SamplingParams(max_tokens=2),
+    )
+    with grpc.insecure_channel(own.address("decoder")) as channel:
+        stub = decoder_pb2_grpc.DecoderServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.Generate(request, timeout=60))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+    assert "evicted right after encoding" in caught.value.details()
