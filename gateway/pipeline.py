@@ -4,6 +4,7 @@ the prompt to a decoder at the same time, turn tokens into text."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -57,6 +58,22 @@ class FinishedEvent:
     time_to_first_token_seconds: float
     num_items_computed: int
     num_items_cached: int
+
+
+# Longer than the channels' longest reconnect backoff (1 s, tessera.channels, plus its
+# 20% jitter): a decoder that is back is connected within it.
+CONNECT_WAIT_SECONDS = 1.5
+
+
+async def wait_connected(channel: grpc.aio.Channel, max_seconds: float) -> None:
+    """Waits, at most `max_seconds`, for a channel that is not READY to connect. A call on
+    a channel between reconnect attempts fails at once; a decoder that came back a moment
+    ago would fail the request that way although it is about to be reached. A peer still
+    down costs the wait, then fails the call as before (and is set aside)."""
+    if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(channel.channel_ready(), max_seconds)
 
 
 class DownstreamError(Exception):
@@ -142,7 +159,9 @@ class GenerationPipeline:
             if address is None:
                 raise DownstreamError(grpc.StatusCode.UNAVAILABLE, "no decoder is reachable")
             tried.append(address)
-            stub = decoder_pb2_grpc.DecoderServiceStub(self.channels.get(address))
+            channel = self.channels.get(address)
+            await wait_connected(channel, CONNECT_WAIT_SECONDS)
+            stub = decoder_pb2_grpc.DecoderServiceStub(channel)
             call = stub.Generate(decode_request, timeout=request.timeout_seconds)
             received = False
             try:
