@@ -201,7 +201,7 @@ class EmbeddingClient:
             return False
         log.info("item %s not on %s; sending it to be encoded", item.range.content_hash, address)
         request = encoder_pb2.EncodeRequest(
-            items=[media_item_to_proto(item.range, item.data, item.options)],
+            items=[media_item_to_proto(item.range, item.data, item.options, item.cache_salt)],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )

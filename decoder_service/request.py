@@ -22,6 +22,7 @@ class MediaSource:
     encoder_addresses: tuple[str, ...]
     data: bytes
     options: ProcessingOptions = field(default_factory=ProcessingOptions)
+    cache_salt: str = ""  # the request's salt, which the content hash was made with
 
 
 @dataclass(frozen=True)

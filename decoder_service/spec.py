@@ -7,7 +7,7 @@ from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
 from tessera.adapters import ModelFamily
 from tessera.hashing import is_content_hash
-from tessera.limits import check_request_id
+from tessera.limits import check_cache_salt, check_request_id
 from tessera.media import ProcessingOptions
 from tessera.placeholders import validate_ranges
 from tessera.sampling import check_sampling, effective_temperature
@@ -60,7 +60,10 @@ def spec_from_proto(
         raise ValueError(
             f"token id {too_large[0]} is outside the vocabulary (size {family.vocab_size})"
         )
-    items = [_media_source(index, item, family) for index, item in enumerate(message.items)]
+    cache_salt = check_cache_salt(message.cache_salt)
+    items = [
+        _media_source(index, item, family, cache_salt) for index, item in enumerate(message.items)
+    ]
     validate_ranges([i.range for i in items], prompt, family.placeholder_token_ids)
     chunk = message.max_chunk_tokens
     return DecodeSpec(
@@ -71,12 +74,14 @@ def spec_from_proto(
             message.sampling, default_max_tokens, max_model_len - len(prompt)
         ),
         max_chunk_tokens=min(chunk, max_chunk_tokens) if chunk else max_chunk_tokens,
-        cache_salt=message.cache_salt,
+        cache_salt=cache_salt,
         split_items=family.attention.split_items,
     )
 
 
-def _media_source(index: int, item: decoder_pb2.MediaSource, family: ModelFamily) -> MediaSource:
+def _media_source(
+    index: int, item: decoder_pb2.MediaSource, family: ModelFamily, cache_salt: str
+) -> MediaSource:
     try:
         placeholder = range_from_proto(item.range)
         options = ProcessingOptions.of(item.processing_options)
@@ -86,7 +91,7 @@ def _media_source(index: int, item: decoder_pb2.MediaSource, family: ModelFamily
     if not is_content_hash(placeholder.content_hash):
         raise ValueError(f"item {index}: {placeholder.content_hash!r} is not a content hash")
     family.check_layout(placeholder)
-    return MediaSource(placeholder, tuple(item.encoder_addresses), item.data, options)
+    return MediaSource(placeholder, tuple(item.encoder_addresses), item.data, options, cache_salt)
 
 
 def check_fits(spec: DecodeSpec, kv: KVCacheManager, max_num_batched_tokens: int) -> None:

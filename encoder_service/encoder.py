@@ -21,7 +21,7 @@ from encoder_service.batcher import Batcher
 from encoder_service.config import DEFAULT_MAX_BATCH_PIXELS
 from encoder_service.memory_store import Lease, MemoryStore
 from tessera.adapters import MediaInput, ModelFamily
-from tessera.hashing import is_content_hash
+from tessera.hashing import is_content_hash, salted_hash
 from tessera.media import ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality
@@ -51,6 +51,7 @@ class EncodeItem:
     modality: Modality
     data: bytes
     options: ProcessingOptions = field(default_factory=ProcessingOptions)
+    cache_salt: str = ""  # the tenant salt `content_hash` was made with
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,9 @@ class EncoderCore:
             except ValueError as error:
                 outcomes.append(InvalidItemError(str(error)))
                 continue
-            actual = media.content_hash(self.family.fingerprint, item.options)
+            actual = salted_hash(
+                media.content_hash(self.family.fingerprint, item.options), item.cache_salt
+            )
             if actual != item.content_hash:
                 # The hash of what was sent is not said: it would be an oracle.
                 outcomes.append(

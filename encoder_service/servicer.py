@@ -17,7 +17,7 @@ from encoder_service.encoder import (
     UnknownItemError,
 )
 from encoder_service.memory_store import Lease
-from tessera.limits import check_request_id
+from tessera.limits import check_cache_salt, check_request_id
 from tessera.media import ProcessingOptions
 from tessera.metrics import StatField, readings_from
 from tessera.server import abort_unless_ready
@@ -68,6 +68,7 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
                     modality_from_proto(item.modality),
                     item.data,
                     ProcessingOptions.of(item.processing_options),
+                    check_cache_salt(item.cache_salt),
                 )
                 for item in request.items
             ]

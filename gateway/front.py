@@ -21,6 +21,8 @@ from gateway.pipeline import (
 )
 from gateway.prompt import ChatInput, Prompt, PromptError
 from gateway.stops import StopMatcher
+from tessera.hashing import framed_digest
+from tessera.limits import check_cache_salt
 from tessera.sampling import check_sampling
 from tessera.v1 import common_pb2, decoder_pb2
 
@@ -43,6 +45,18 @@ class Rejected(Exception):
         self.retry_after_seconds = retry_after_seconds
 
 
+def tenant_salt(tenant: str, cache_salt: str) -> str:
+    """The salt a request's caches go by downstream (encoder entries, Redis, prefix
+    blocks): the request's own `cache_salt` without a tenant; with one, a digest of both,
+    so two API keys never share an entry, even when their requests name the same salt.
+
+    Example: tenant_salt("", "s") == "s"; tenant_salt("key-a", "") != tenant_salt("key-b", "")
+    """
+    if not tenant:
+        return cache_salt
+    return framed_digest([b"tessera-tenant", tenant.encode(), cache_salt.encode()])
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     request_id: str
@@ -55,6 +69,8 @@ class ChatRequest:
     timeout_seconds: float | None = None
     # Processor settings for this request's media (vLLM's mm_processor_kwargs).
     processing_options: Mapping[str, int] = field(default_factory=dict)
+    # Who sent it: an id of the API key it came with ("" without keys).
+    tenant: str = ""
 
 
 @dataclass
@@ -136,6 +152,10 @@ class GatewayFront:
             check_sampling(request.sampling)
         except ValueError as error:
             raise Rejected(str(error), param="sampling") from None
+        try:
+            cache_salt = tenant_salt(request.tenant, check_cache_salt(request.cache_salt))
+        except ValueError as error:
+            raise Rejected(str(error), param="cache_salt") from None
         if self._num_queued >= self.max_queued_requests:
             self.metrics.requests.labels("rejected").inc()
             raise Rejected(
@@ -158,7 +178,7 @@ class GatewayFront:
                 request.sampling,
                 request.max_chunk_tokens,
                 request.timeout_seconds,
-                request.cache_salt,
+                cache_salt,
                 request.processing_options,
             )
             # aclosing: leaving early (a stop string) cancels the decoder call at once.

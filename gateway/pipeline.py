@@ -120,12 +120,10 @@ class GenerationPipeline:
         """The prompt as built, then text as it comes, then the end."""
         started = time.monotonic()
         prompt = await asyncio.to_thread(
-            self.builder.build, request.messages, request.processing_options
+            self.builder.build, request.messages, request.processing_options, request.cache_salt
         )
         yield prompt
-        encode_task = asyncio.create_task(
-            self._encode_all(request.request_id, prompt.items, request.timeout_seconds)
-        )
+        encode_task = asyncio.create_task(self._encode_all(request, prompt.items))
         detokenizer = IncrementalDetokenizer(self.builder.family.decode_tokens)
         token_ids: list[int] = []
         first_token_time: float | None = None
@@ -207,28 +205,27 @@ class GenerationPipeline:
             cache_salt=request.cache_salt,
         )
 
-    async def _encode_all(
-        self, request_id: str, items: Sequence[PromptItem], timeout: float | None
-    ) -> list:
+    async def _encode_all(self, request: GenerationRequest, items: Sequence[PromptItem]) -> list:
         """One Encode per encoder over its unique items; returns the EncodedItem messages."""
         by_encoder: dict[str, dict[str, PromptItem]] = {}
         for item in items:
             address = encoder_order(item.range.content_hash, self.encoders)[0]
             by_encoder.setdefault(address, {})[item.range.content_hash] = item
         calls = [
-            self._encode_on(address, request_id, list(unique.values()), timeout)
+            self._encode_on(address, request, list(unique.values()))
             for address, unique in by_encoder.items()
         ]
         results = await asyncio.gather(*calls)
         return [encoded for response in results for encoded in response.items]
 
     async def _encode_on(
-        self, address: str, request_id: str, items: list[PromptItem], timeout: float | None
+        self, address: str, generation: GenerationRequest, items: list[PromptItem]
     ):
         """Encode on `address`, or on the next encoders in rank if it is unreachable."""
+        salt = generation.cache_salt
         request = encoder_pb2.EncodeRequest(
-            items=[media_item_to_proto(item.range, item.data, item.options) for item in items],
-            lease_owner=request_id,
+            items=[media_item_to_proto(i.range, i.data, i.options, salt) for i in items],
+            lease_owner=generation.request_id,
             lease_ms=self.lease_ms,
         )
         order = encoder_order(items[0].range.content_hash, self.encoders)
@@ -236,7 +233,7 @@ class GenerationPipeline:
         for candidate in candidates:
             stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(candidate))
             try:
-                return await stub.Encode(request, timeout=timeout)
+                return await stub.Encode(request, timeout=generation.timeout_seconds)
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _REPLICA_FAILURES or candidate == candidates[-1]:
                     raise DownstreamError(

@@ -25,6 +25,7 @@ from typing import TypeVar
 from jinja2 import TemplateError
 
 from tessera.adapters import ItemPlacement, MediaInput, ModelFamily
+from tessera.hashing import salted_hash
 from tessera.media import ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
@@ -90,17 +91,23 @@ class PromptBuilder:
         self.default_processing_options = dict(default_processing_options or {})
 
     def build(
-        self, messages: Sequence[ChatInput], processing_options: Mapping[str, int] | None = None
+        self,
+        messages: Sequence[ChatInput],
+        processing_options: Mapping[str, int] | None = None,
+        cache_salt: str = "",
     ) -> Prompt:
         """CPU-heavy (decoding and hashing images): call it off the event loop.
-        `processing_options` overlay the server's defaults for this request's items."""
+        `processing_options` overlay the server's defaults for this request's items;
+        `cache_salt` salts their content hashes (tessera.hashing.salted_hash)."""
         media = self._check_messages(messages)
         requested = {**self.default_processing_options, **(processing_options or {})}
         try:
             options = self.family.processing_options(requested, len(media))
         except ValueError as error:
             raise PromptError(f"mm_processor_kwargs: {error}") from None
-        prepared = [self._prepare(index, part, options) for index, part in enumerate(media)]
+        prepared = [
+            self._prepare(index, part, options, cache_salt) for index, part in enumerate(media)
+        ]
         template_messages = [_template_message(m) for m in messages]
         if self.family.renders_token_ids:
             num_rows = [item.placement.num_rows for item in prepared]
@@ -156,13 +163,15 @@ class PromptBuilder:
                 f"{self.family.max_model_len} tokens holds at most {max_chars}: shorten them"
             )
 
-    def _prepare(self, index: int, part: MediaPart, options: ProcessingOptions) -> _PreparedItem:
+    def _prepare(
+        self, index: int, part: MediaPart, options: ProcessingOptions, cache_salt: str
+    ) -> _PreparedItem:
         try:
             media = self.decoder.decode(part.modality, part.data)
             placement = self.family.item_placement(MediaInput(media, options))
         except ValueError as error:
             raise PromptError(f"{part.modality.value} {index}: {error}") from None
-        content_hash = media.content_hash(self.family.fingerprint, options)
+        content_hash = salted_hash(media.content_hash(self.family.fingerprint, options), cache_salt)
         return _PreparedItem(part.modality, part.data, content_hash, placement, options)
 
     def _expand(self, text: str, prepared: list[_PreparedItem]) -> Prompt:

@@ -75,6 +75,18 @@ def content_hash(
     )
 
 
+def salted_hash(content_hash: str, cache_salt: str) -> str:
+    """The content hash a tenant's items go by: the hash itself without a salt, else a
+    hash of both, so the same image under two salts is two cache entries and nobody
+    without the salt can name (or probe for) the other tenant's entry.
+
+    Example: salted_hash(h, "") == h; salted_hash(h, "team-a") != salted_hash(h, "team-b")
+    """
+    if not cache_salt:
+        return content_hash
+    return framed_digest([b"tessera-salted", content_hash.encode(), cache_salt.encode()])
+
+
 def is_content_hash(value: str) -> bool:
     """True for a well-formed content hash (64 lowercase hex characters)."""
     return len(value) == CONTENT_HASH_HEX_LENGTH and all(c in "0123456789abcdef" for c in value)

@@ -18,3 +18,17 @@ def check_request_id(request_id: str, what: str = "request id") -> str:
     if not all("!" <= char <= "~" for char in request_id):
         raise ValueError(f"the {what} may hold only visible ASCII characters (no spaces)")
     return request_id
+
+
+# A cache salt is a tenant's label or a digest of one (64 hex characters).
+MAX_CACHE_SALT_CHARS = 256
+
+
+def check_cache_salt(cache_salt: str) -> str:
+    """`cache_salt` itself; raises ValueError if it is longer than MAX_CACHE_SALT_CHARS
+    (it is hashed into every item's name and every prefix block of its requests)."""
+    if len(cache_salt) > MAX_CACHE_SALT_CHARS:
+        raise ValueError(
+            f"cache_salt has {len(cache_salt)} characters; at most {MAX_CACHE_SALT_CHARS}"
+        )
+    return cache_salt

@@ -63,14 +63,16 @@ def range_from_proto(message: common_pb2.PlaceholderRange) -> PlaceholderRange:
 
 
 def media_item_to_proto(
-    item: PlaceholderRange, data: bytes, options: ProcessingOptions
+    item: PlaceholderRange, data: bytes, options: ProcessingOptions, cache_salt: str = ""
 ) -> common_pb2.MediaItem:
-    """The item named by `item`'s content hash, with its encoded bytes and options."""
+    """The item named by `item`'s (salted) content hash, with its encoded bytes, options
+    and the salt its hash was made with."""
     return common_pb2.MediaItem(
         modality=modality_to_proto(item.modality),
         data=data,
         content_hash=item.content_hash,
         processing_options=options.as_dict(),
+        cache_salt=cache_salt,
     )
 
 
