@@ -17,6 +17,11 @@ from tessera.placeholders import Modality
 from tessera.sampling import MAX_TOP_LOGPROBS
 from tessera.v1 import common_pb2
 
+# Bounds the gateway checks, and the OpenAPI document (gateway/openapi.py) states.
+MAX_TOKENS_LIMIT = 1 << 20
+MAX_SEED = 2**63 - 1
+MAX_STOP_STRINGS = 4
+
 
 def _require(condition: bool, message: str, param: str) -> None:
     if not condition:
@@ -39,11 +44,11 @@ def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
     _require(body.get("n", 1) == 1, "only n=1 is supported", "n")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     sampling = common_pb2.SamplingParams(
-        max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, 1, 1 << 20) or 0,
+        max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, 1, MAX_TOKENS_LIMIT) or 0,
         temperature=_number(body, "temperature", float, 0, 2) or 0.0,
         top_p=_number(body, "top_p", float, 0, 1) or 0.0,
     )
-    seed = _number(body, "seed", int, 0, 2**63 - 1)
+    seed = _number(body, "seed", int, 0, MAX_SEED)
     if seed is not None:
         sampling.seed = seed
     if body.get("logprobs"):
@@ -58,8 +63,10 @@ def stops_from_body(body: dict) -> list[str]:
         return []
     stops = [stop] if isinstance(stop, str) else stop
     _require(
-        isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) for s in stops),
-        "stop must be a string or a list of at most 4 strings",
+        isinstance(stops, list)
+        and len(stops) <= MAX_STOP_STRINGS
+        and all(isinstance(s, str) for s in stops),
+        f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings",
         "stop",
     )
     return stops
@@ -187,7 +194,7 @@ async def chat_request_from_body(
         messages=await messages_from_body(body, policy),
         sampling=sampling_from_body(body),
         stop=stops_from_body(body),
-        max_chunk_tokens=_number(body, "max_chunk_tokens", int, 0, 1 << 20) or 0,
+        max_chunk_tokens=_number(body, "max_chunk_tokens", int, 0, MAX_TOKENS_LIMIT) or 0,
         cache_salt=salt,
         timeout_seconds=timeout_seconds,
         processing_options=processing_options,

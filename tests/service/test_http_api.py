@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import openapi
 from tessera.client import Client, Message
 from tessera.launcher import free_port
 from tessera.v1 import common_pb2
@@ -314,6 +315,7 @@ def test_models_health_ready_and_request_id(api):
     models = httpx.get(api.http + "/v1/models").json()
     assert models["data"][0]["id"] == "tessera-demo"
     assert httpx.get(api.http + "/health").status_code == 200
+    assert httpx.get(api.http + "/openapi.json").json() == openapi.DOCUMENT
     ready = httpx.get(api.http + "/ready")
     assert ready.status_code == 200 and all(ready.json()["backends"].values())
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
