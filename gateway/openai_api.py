@@ -135,6 +135,8 @@ def _unicode(text: str, param: str) -> str:
 def _part(param: str, part: Any) -> TextPart | _PendingMedia:
     _require(isinstance(part, dict), f"{param} must be an object", param)
     kind = part.get("type")
+    # Checked first: an unhashable type ({} or []) would raise from the lookups below.
+    _require(isinstance(kind, str), f"{param}.type must be a string", param)
     if kind == "text":
         _require(isinstance(part.get("text"), str), f"{param}.text must be a string", param)
         return TextPart(_unicode(part["text"], f"{param}.text"))

@@ -268,6 +268,10 @@ def test_malformed_edges_are_400_in_openai_shape(api):
             ),
             "stream_options",
         ),
+        "part type not a string": (
+            json.dumps({"messages": [{"role": "user", "content": [{"type": {}}]}]}),
+            "type must be a string",
+        ),
         "malformed URL": (
             json.dumps({"messages": [{"role": "user", "content": [image_part("http://[::1")]}]}),
             "malformed",
