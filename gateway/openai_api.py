@@ -172,8 +172,11 @@ def _input_audio(param: str, part: dict) -> bytes:
         f"{param}.input_audio.format {audio_format!r} is not one of {', '.join(AUDIO_FORMATS)}",
         param,
     )
+    data = audio.get("data")
+    # A string before decoding: b64decode raises TypeError (a 500) on a number or a list.
+    _require(isinstance(data, str), f"{param}.input_audio.data must be a base64 string", param)
     try:
-        return base64.b64decode(audio.get("data") or "", validate=True)
+        return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise Rejected(f"{param}.input_audio.data must be base64", param=param) from None
 

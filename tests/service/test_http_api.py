@@ -272,6 +272,19 @@ def test_malformed_edges_are_400_in_openai_shape(api):
             json.dumps({"messages": [{"role": "user", "content": [{"type": {}}]}]}),
             "type must be a string",
         ),
+        "input_audio data not a string": (
+            json.dumps(
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [{"type": "input_audio", "input_audio": {"data": [1]}}],
+                        }
+                    ]
+                }
+            ),
+            "must be a base64 string",
+        ),
         "malformed URL": (
             json.dumps({"messages": [{"role": "user", "content": [image_part("http://[::1")]}]}),
             "malformed",
