@@ -40,8 +40,23 @@ def _number(body: dict, name: str, kind: type, low: float, high: float) -> Any:
     return kind(value)
 
 
+def _integer(body: dict, name: str, low: int, high: int, message: str = "") -> int | None:
+    """An integer field; null is unset. 2.0 counts (JSON does not tell it from 2), and
+    neither 2.5 nor true does."""
+    value = body.get(name)
+    if value is None:
+        return None
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    _require(
+        whole and not isinstance(value, bool) and low <= value <= high,
+        message or f"{name} must be an integer in [{low}, {high}]",
+        name,
+    )
+    return int(value)
+
+
 def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
-    _require(body.get("n", 1) == 1, "only n=1 is supported", "n")
+    _integer(body, "n", 1, 1, "only n=1 is supported")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     sampling = common_pb2.SamplingParams(
         max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, 1, MAX_TOKENS_LIMIT) or 0,

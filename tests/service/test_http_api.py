@@ -191,6 +191,7 @@ BAD = {
     "unknown part type": ([{"type": "video", "video": {}}], {}, "not supported"),
     "unknown model": ("hi", {"model": "gpt-9"}, "not served here"),
     "n above 1": ("hi", {"n": 2}, "n=1"),
+    "n true": ("hi", {"n": True}, "n=1"),
     "max tokens beyond context": ("hi", {"max_tokens": 5000}, "max_tokens"),
     "prompt beyond context": ("word " * 2100, {}, "context"),
     "loopback URL": ([image_part("http://127.0.0.1:9/a.png")], {}, "loopback"),
@@ -236,6 +237,15 @@ def test_bad_requests_are_400_and_the_next_succeeds(client, case):
         else str(caught.value)
     )
     assert chat(client, "still fine?").choices[0].message.content is not None
+
+
+def test_null_is_unset_as_openai_documents(api):
+    """OpenAI's optional fields are nullable; n: null used to be refused as n != 1."""
+    unset = dict.fromkeys(["n", "seed", "stop", "top_p", "logprobs"])
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **unset}
+    response = httpx.post(api.http + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["tessera"]["token_ids"]) == 2
 
 
 def test_redirect_to_a_private_address_is_refused(client, media_server):
