@@ -57,17 +57,19 @@ def _integer(body: dict, name: str, low: int, high: int, message: str = "") -> i
 
 def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
     _integer(body, "n", 1, 1, "only n=1 is supported")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    # Both are checked; max_completion_tokens (OpenAI's newer name) wins unless it is null.
+    max_tokens = _integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    max_completion_tokens = _integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
     sampling = common_pb2.SamplingParams(
-        max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, 1, MAX_TOKENS_LIMIT) or 0,
+        max_tokens=max_completion_tokens or max_tokens or 0,
         temperature=_number(body, "temperature", float, 0, 2) or 0.0,
         top_p=_number(body, "top_p", float, 0, 1) or 0.0,
     )
-    seed = _number(body, "seed", int, 0, MAX_SEED)
+    seed = _integer(body, "seed", 0, MAX_SEED)
     if seed is not None:
         sampling.seed = seed
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if body.get("logprobs"):
-        top = _number(body, "top_logprobs", int, 0, MAX_TOP_LOGPROBS)
         sampling.num_top_logprobs = max(1, top or 0)
     return sampling
 
@@ -214,7 +216,7 @@ async def chat_request_from_body(
         messages=await messages_from_body(body, policy),
         sampling=sampling_from_body(body),
         stop=stops_from_body(body),
-        max_chunk_tokens=_number(body, "max_chunk_tokens", int, 0, MAX_TOKENS_LIMIT) or 0,
+        max_chunk_tokens=_integer(body, "max_chunk_tokens", 0, MAX_TOKENS_LIMIT) or 0,
         cache_salt=salt,
         timeout_seconds=timeout_seconds,
         processing_options=processing_options,

@@ -202,6 +202,21 @@ BAD = {
         "not an allowed media domain",
     ),
     "temperature out of range": ("hi", {"temperature": 7}, "temperature"),
+    # Integers are integers: 2.5 used to be cut to 2, and true taken as 1.
+    "fractional max_tokens": ("hi", {"max_tokens": 2.5}, "max_tokens must be an integer"),
+    "fractional seed": ("hi", {"seed": 1.5}, "seed must be an integer"),
+    "boolean max_chunk_tokens": (
+        "hi",
+        {"extra_body": {"max_chunk_tokens": True}},
+        "max_chunk_tokens must be an integer",
+    ),
+    # Checked even with max_tokens given, and without logprobs.
+    "bad max_completion_tokens beside max_tokens": (
+        "hi",
+        {"max_completion_tokens": "8"},
+        "max_completion_tokens must be an integer",
+    ),
+    "bad top_logprobs without logprobs": ("hi", {"top_logprobs": 99}, "top_logprobs"),
     # audio_url follows the image rules (checked before the model's modality).
     "audio URL at loopback": (
         [{"type": "audio_url", "audio_url": {"url": "http://127.0.0.1:9/a.wav"}}],
@@ -243,6 +258,18 @@ def test_null_is_unset_as_openai_documents(api):
     """OpenAI's optional fields are nullable; n: null used to be refused as n != 1."""
     unset = dict.fromkeys(["n", "seed", "stop", "top_p", "logprobs"])
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **unset}
+    response = httpx.post(api.http + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["tessera"]["token_ids"]) == 2
+
+
+def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(api):
+    """A null max_completion_tokens used to hide max_tokens: the decoder's default length, not 2."""
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "max_completion_tokens": None,
+    }
     response = httpx.post(api.http + "/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert len(response.json()["tessera"]["token_ids"]) == 2
