@@ -206,8 +206,10 @@ async def chat_request_from_body(
     _require(isinstance(model, str), "model must be a string", "model")
     salt = body.get("cache_salt", "")
     _require(isinstance(salt, str), "cache_salt must be a string", "cache_salt")
+    kwargs = body.get("mm_processor_kwargs")
     try:
-        processing_options = options_from_json(body.get("mm_processor_kwargs") or {})
+        # Only null is "none": false, 0 or "" are not an object of settings.
+        processing_options = options_from_json({} if kwargs is None else kwargs)
     except ValueError as error:
         raise Rejected(f"mm_processor_kwargs {error}", param="mm_processor_kwargs") from None
     return ChatRequest(

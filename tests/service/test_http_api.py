@@ -217,6 +217,11 @@ BAD = {
         "max_completion_tokens must be an integer",
     ),
     "bad top_logprobs without logprobs": ("hi", {"top_logprobs": 99}, "top_logprobs"),
+    "mm_processor_kwargs false": (
+        "hi",
+        {"extra_body": {"mm_processor_kwargs": False}},
+        "mm_processor_kwargs must be an object",
+    ),
     # audio_url follows the image rules (checked before the model's modality).
     "audio URL at loopback": (
         [{"type": "audio_url", "audio_url": {"url": "http://127.0.0.1:9/a.wav"}}],
