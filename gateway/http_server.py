@@ -106,10 +106,10 @@ class HttpApi:
             chat = await openai_api.chat_request_from_body(
                 body, request_id, self.policy, self.request_timeout_seconds
             )
+            stream, include_usage = openai_api.stream_settings(body)
             self.front.check_model(chat.model)
             model = chat.model or self.front.model_name
-            if body.get("stream"):
-                include_usage = openai_api.include_usage(body)
+            if stream:
                 events = self._stream(chat, model, include_usage)
                 first = await anext(events)  # errors before the first token are plain HTTP errors
                 return StreamingResponse(

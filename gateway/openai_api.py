@@ -55,6 +55,17 @@ def _integer(body: dict, name: str, low: int, high: int, message: str = "") -> i
     return int(value)
 
 
+def _boolean(body: dict, name: str, param: str = "") -> bool:
+    """A boolean field; null is false. Only true and false: "no" would be truthy."""
+    value = body.get(name)
+    _require(
+        value is None or isinstance(value, bool),
+        f"{param or name} must be true or false",
+        param or name,
+    )
+    return bool(value)
+
+
 def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
     _integer(body, "n", 1, 1, "only n=1 is supported")
     # Both are checked; max_completion_tokens (OpenAI's newer name) wins unless it is null.
@@ -69,7 +80,7 @@ def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
     if seed is not None:
         sampling.seed = seed
     top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-    if body.get("logprobs"):
+    if _boolean(body, "logprobs"):
         sampling.num_top_logprobs = max(1, top or 0)
     return sampling
 
@@ -89,11 +100,18 @@ def stops_from_body(body: dict) -> list[str]:
     return stops
 
 
-def include_usage(body: dict) -> bool:
-    """`stream_options.include_usage`; `stream_options` must be an object."""
-    options = body.get("stream_options") or {}
-    _require(isinstance(options, dict), "stream_options must be an object", "stream_options")
-    return bool(options.get("include_usage"))
+def stream_settings(body: dict) -> tuple[bool, bool]:
+    """`stream` and `stream_options.include_usage`, both checked whether or not the
+    request streams (a typo in either is an error, not a silently different answer)."""
+    options = body.get("stream_options")
+    _require(
+        options is None or isinstance(options, dict),
+        "stream_options must be an object",
+        "stream_options",
+    )
+    options = options or {}
+    include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
+    return _boolean(body, "stream"), include_usage
 
 
 async def messages_from_body(body: dict, policy: MediaFetchPolicy) -> list[ChatInput]:

@@ -217,6 +217,20 @@ BAD = {
         "max_completion_tokens must be an integer",
     ),
     "bad top_logprobs without logprobs": ("hi", {"top_logprobs": 99}, "top_logprobs"),
+    # Booleans are booleans: "no" used to be truthy, so it turned streaming on.
+    "stream as a string": ("hi", {"extra_body": {"stream": "no"}}, "stream must be true or false"),
+    "logprobs as an object": ("hi", {"extra_body": {"logprobs": {}}}, "logprobs must be true"),
+    "include_usage as a number": (
+        "hi",
+        {"stream_options": {"include_usage": 1}},
+        "stream_options.include_usage must be true or false",
+    ),
+    # Checked without stream too: it used to be read only when streaming.
+    "stream_options a list without stream": (
+        "hi",
+        {"extra_body": {"stream_options": [1]}},
+        "stream_options must be an object",
+    ),
     "mm_processor_kwargs false": (
         "hi",
         {"extra_body": {"mm_processor_kwargs": False}},
