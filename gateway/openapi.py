@@ -91,6 +91,7 @@ def _content_parts() -> dict[str, Schema]:
                     "properties": {
                         "data": {
                             "type": "string",
+                            "pattern": openai_api.BASE64_PATTERN,
                             "contentEncoding": "base64",
                         },
                         "format": {

@@ -252,6 +252,11 @@ BAD = {
         {},
         "format",
     ),
+    "input_audio data with padding after a whole group": (
+        [{"type": "input_audio", "input_audio": {"data": "UklGRgAA=", "format": "wav"}}],
+        {},
+        "must be base64",
+    ),
     "unknown input_audio field": (
         [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "url": "x"}}],
         {},

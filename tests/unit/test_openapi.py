@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from types import ModuleType
 
 import jsonschema_rs
 import pytest
 import schemathesis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway import http_server, openai_api
 from gateway.openapi import DOCUMENT
@@ -82,6 +85,13 @@ def test_every_status_the_server_answers_is_documented():
     mapped = {status for status, _ in http_server._STATUS.values()}
     # 400 bad input, 413 too large, 500 a backend code with no mapping (http_error).
     assert {*mapped, 400, 413, 500} <= {int(code) for code in CHAT["responses"]}
+
+
+@settings(max_examples=500, derandomize=True, database=None)
+@given(st.text(alphabet="AB+/=\n é", max_size=10))
+def test_the_base64_the_gateway_decodes_is_the_documented_pattern(data: str):
+    matches = re.fullmatch(openai_api.BASE64_PATTERN, data) is not None
+    assert (openai_api.decode_base64(data) is not None) == matches
 
 
 def test_the_document_is_valid_openapi_3_1():
