@@ -404,7 +404,16 @@ def _chat_operation() -> Schema:
         ],
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": _ref("ChatCompletionRequest")}},
+            "content": {
+                "application/json": {
+                    "schema": _ref("ChatCompletionRequest"),
+                    "example": {
+                        "messages": [{"role": "user", "content": "Hello"}],
+                        "max_tokens": 4,
+                        "temperature": 0,
+                    },
+                }
+            },
         },
         "responses": {
             "200": {
