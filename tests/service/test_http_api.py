@@ -561,7 +561,12 @@ _BODIES = (
 
 def test_random_bodies_never_get_a_5xx(api):
     """Hypothesis (derandomized) against /v1/chat/completions: every body gets a 2xx or a
-    4xx in OpenAI's error shape, never a 5xx or a dropped connection."""
+    4xx in OpenAI's error shape, never a 5xx or a dropped connection.
+
+    Kept beside test_http_fuzz.py, which generates from the OpenAPI document: this one
+    sends what a schema-driven generator does not (lone surrogates, which schemathesis'
+    UTF-8 codec leaves out; any JSON at all in any field; malformed, refused and
+    unreachable media URLs)."""
     url = api.http + "/v1/chat/completions"
 
     @settings(max_examples=100, deadline=None, derandomize=True)
