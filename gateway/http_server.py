@@ -2,6 +2,7 @@
 event loop.
 
     POST /v1/chat/completions   GET /v1/models   GET /health   GET /ready   GET /metrics
+    GET /openapi.json (the OpenAPI 3.1 document of all of these, gateway/openapi.py)
 
 Errors are `{"error": {"message", "type", "param", "code"}}` with 400 for bad input, 413
 for a body over --max-request-bytes, 429 (with Retry-After) when too many requests are
@@ -25,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway import openai_api
+from gateway import openai_api, openapi
 from gateway.front import GatewayFront, Outcome, Rejected
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import DownstreamError, GenerationPipeline
@@ -88,6 +89,7 @@ class HttpApi:
                 Route("/health", self.health, methods=["GET"]),
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
+                Route(openapi.OPENAPI_PATH, self.openapi, methods=["GET"]),
             ]
         )
 
@@ -104,10 +106,10 @@ class HttpApi:
             chat = await openai_api.chat_request_from_body(
                 body, request_id, self.policy, self.request_timeout_seconds
             )
+            stream, include_usage = openai_api.stream_settings(body)
             self.front.check_model(chat.model)
             model = chat.model or self.front.model_name
-            if body.get("stream"):
-                include_usage = openai_api.include_usage(body)
+            if stream:
                 events = self._stream(chat, model, include_usage)
                 first = await anext(events)  # errors before the first token are plain HTTP errors
                 return StreamingResponse(
@@ -221,6 +223,9 @@ class HttpApi:
 
     async def metrics(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(openapi.DOCUMENT_JSON, media_type="application/json")
 
 
 def _sse(payload: dict) -> str:

@@ -17,6 +17,11 @@ from tessera.placeholders import Modality
 from tessera.sampling import MAX_TOP_LOGPROBS
 from tessera.v1 import common_pb2
 
+# Bounds the gateway checks, and the OpenAPI document (gateway/openapi.py) states.
+MAX_TOKENS_LIMIT = 1 << 20
+MAX_SEED = 2**63 - 1
+MAX_STOP_STRINGS = 4
+
 
 def _require(condition: bool, message: str, param: str) -> None:
     if not condition:
@@ -35,19 +40,47 @@ def _number(body: dict, name: str, kind: type, low: float, high: float) -> Any:
     return kind(value)
 
 
+def _integer(body: dict, name: str, low: int, high: int, message: str = "") -> int | None:
+    """An integer field; null is unset. 2.0 counts (JSON does not tell it from 2), and
+    neither 2.5 nor true does."""
+    value = body.get(name)
+    if value is None:
+        return None
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    _require(
+        whole and not isinstance(value, bool) and low <= value <= high,
+        message or f"{name} must be an integer in [{low}, {high}]",
+        name,
+    )
+    return int(value)
+
+
+def _boolean(body: dict, name: str, param: str = "") -> bool:
+    """A boolean field; null is false. Only true and false: "no" would be truthy."""
+    value = body.get(name)
+    _require(
+        value is None or isinstance(value, bool),
+        f"{param or name} must be true or false",
+        param or name,
+    )
+    return bool(value)
+
+
 def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
-    _require(body.get("n", 1) == 1, "only n=1 is supported", "n")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    _integer(body, "n", 1, 1, "only n=1 is supported")
+    # Both are checked; max_completion_tokens (OpenAI's newer name) wins unless it is null.
+    max_tokens = _integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    max_completion_tokens = _integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
     sampling = common_pb2.SamplingParams(
-        max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, 1, 1 << 20) or 0,
+        max_tokens=max_completion_tokens or max_tokens or 0,
         temperature=_number(body, "temperature", float, 0, 2) or 0.0,
         top_p=_number(body, "top_p", float, 0, 1) or 0.0,
     )
-    seed = _number(body, "seed", int, 0, 2**63 - 1)
+    seed = _integer(body, "seed", 0, MAX_SEED)
     if seed is not None:
         sampling.seed = seed
-    if body.get("logprobs"):
-        top = _number(body, "top_logprobs", int, 0, MAX_TOP_LOGPROBS)
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if _boolean(body, "logprobs"):
         sampling.num_top_logprobs = max(1, top or 0)
     return sampling
 
@@ -58,18 +91,27 @@ def stops_from_body(body: dict) -> list[str]:
         return []
     stops = [stop] if isinstance(stop, str) else stop
     _require(
-        isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) for s in stops),
-        "stop must be a string or a list of at most 4 strings",
+        isinstance(stops, list)
+        and len(stops) <= MAX_STOP_STRINGS
+        and all(isinstance(s, str) for s in stops),
+        f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings",
         "stop",
     )
     return stops
 
 
-def include_usage(body: dict) -> bool:
-    """`stream_options.include_usage`; `stream_options` must be an object."""
-    options = body.get("stream_options") or {}
-    _require(isinstance(options, dict), "stream_options must be an object", "stream_options")
-    return bool(options.get("include_usage"))
+def stream_settings(body: dict) -> tuple[bool, bool]:
+    """`stream` and `stream_options.include_usage`, both checked whether or not the
+    request streams (a typo in either is an error, not a silently different answer)."""
+    options = body.get("stream_options")
+    _require(
+        options is None or isinstance(options, dict),
+        "stream_options must be an object",
+        "stream_options",
+    )
+    options = options or {}
+    include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
+    return _boolean(body, "stream"), include_usage
 
 
 async def messages_from_body(body: dict, policy: MediaFetchPolicy) -> list[ChatInput]:
@@ -128,6 +170,8 @@ def _unicode(text: str, param: str) -> str:
 def _part(param: str, part: Any) -> TextPart | _PendingMedia:
     _require(isinstance(part, dict), f"{param} must be an object", param)
     kind = part.get("type")
+    # Checked first: an unhashable type ({} or []) would raise from the lookups below.
+    _require(isinstance(kind, str), f"{param}.type must be a string", param)
     if kind == "text":
         _require(isinstance(part.get("text"), str), f"{param}.text must be a string", param)
         return TextPart(_unicode(part["text"], f"{param}.text"))
@@ -149,6 +193,9 @@ _URL_PARTS = {"image_url": Modality.IMAGE, "audio_url": Modality.AUDIO}
 # What OpenAI's `input_audio.format` may say; the bytes are probed, so it only must be one
 # of the containers FFmpeg reads.
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "m4a", "aac", "webm")
+# Padded base64, as the OpenAPI document states it for input_audio.data; decode_base64
+# accepts exactly the strings it matches (tests/unit/test_openapi.py checks that).
+BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 def _input_audio(param: str, part: dict) -> bytes:
@@ -163,10 +210,23 @@ def _input_audio(param: str, part: dict) -> bytes:
         f"{param}.input_audio.format {audio_format!r} is not one of {', '.join(AUDIO_FORMATS)}",
         param,
     )
+    data = audio.get("data")
+    # A string before decoding: b64decode raises TypeError (a 500) on a number or a list.
+    _require(isinstance(data, str), f"{param}.input_audio.data must be a base64 string", param)
+    clip = decode_base64(data)
+    _require(clip is not None, f"{param}.input_audio.data must be base64", param)
+    return clip
+
+
+def decode_base64(data: str) -> bytes | None:
+    """The bytes of `data` if it matches BASE64_PATTERN, else None. b64decode alone also
+    takes padding after a whole group ("ABCD="), which the length check refuses."""
+    if len(data) % 4:
+        return None
     try:
-        return base64.b64decode(audio.get("data") or "", validate=True)
+        return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise Rejected(f"{param}.input_audio.data must be base64", param=param) from None
+        return None
 
 
 async def chat_request_from_body(
@@ -177,8 +237,10 @@ async def chat_request_from_body(
     _require(isinstance(model, str), "model must be a string", "model")
     salt = body.get("cache_salt", "")
     _require(isinstance(salt, str), "cache_salt must be a string", "cache_salt")
+    kwargs = body.get("mm_processor_kwargs")
     try:
-        processing_options = options_from_json(body.get("mm_processor_kwargs") or {})
+        # Only null is "none": false, 0 or "" are not an object of settings.
+        processing_options = options_from_json({} if kwargs is None else kwargs)
     except ValueError as error:
         raise Rejected(f"mm_processor_kwargs {error}", param="mm_processor_kwargs") from None
     return ChatRequest(
@@ -187,7 +249,7 @@ async def chat_request_from_body(
         messages=await messages_from_body(body, policy),
         sampling=sampling_from_body(body),
         stop=stops_from_body(body),
-        max_chunk_tokens=_number(body, "max_chunk_tokens", int, 0, 1 << 20) or 0,
+        max_chunk_tokens=_integer(body, "max_chunk_tokens", 0, MAX_TOKENS_LIMIT) or 0,
         cache_salt=salt,
         timeout_seconds=timeout_seconds,
         processing_options=processing_options,

@@ -54,12 +54,18 @@ class Cluster:
         old = self.child(name)
         self.children[self.children.index(old)] = Child(name, old.address, self._spawn(name))
 
-    def start_stack(self, model_dir: Path, encoder_args: Sequence[str] = ()) -> None:
+    def start_stack(
+        self, model_dir: Path, encoder_args: Sequence[str] = (), gateway_args: Sequence[str] = ()
+    ) -> None:
         """One encoder, one decoder and a gateway in front of them, on `model_dir`."""
         model = ["--model", str(model_dir)]
         encoder = self.start("encoder", "encoder", [*model, *encoder_args])
         decoder = self.start("decoder", "decoder", [*model, "--encoders", encoder])
-        self.start("gateway", "gateway", [*model, "--encoders", encoder, "--decoders", decoder])
+        self.start(
+            "gateway",
+            "gateway",
+            [*model, "--encoders", encoder, "--decoders", decoder, *gateway_args],
+        )
 
     def wait_ready(self) -> None:
         try:

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import openapi
 from tessera.client import Client, Message
 from tessera.launcher import free_port
 from tessera.v1 import common_pb2
@@ -190,6 +191,7 @@ BAD = {
     "unknown part type": ([{"type": "video", "video": {}}], {}, "not supported"),
     "unknown model": ("hi", {"model": "gpt-9"}, "not served here"),
     "n above 1": ("hi", {"n": 2}, "n=1"),
+    "n true": ("hi", {"n": True}, "n=1"),
     "max tokens beyond context": ("hi", {"max_tokens": 5000}, "max_tokens"),
     "prompt beyond context": ("word " * 2100, {}, "context"),
     "loopback URL": ([image_part("http://127.0.0.1:9/a.png")], {}, "loopback"),
@@ -200,6 +202,40 @@ BAD = {
         "not an allowed media domain",
     ),
     "temperature out of range": ("hi", {"temperature": 7}, "temperature"),
+    # Integers are integers: 2.5 used to be cut to 2, and true taken as 1.
+    "fractional max_tokens": ("hi", {"max_tokens": 2.5}, "max_tokens must be an integer"),
+    "fractional seed": ("hi", {"seed": 1.5}, "seed must be an integer"),
+    "boolean max_chunk_tokens": (
+        "hi",
+        {"extra_body": {"max_chunk_tokens": True}},
+        "max_chunk_tokens must be an integer",
+    ),
+    # Checked even with max_tokens given, and without logprobs.
+    "bad max_completion_tokens beside max_tokens": (
+        "hi",
+        {"max_completion_tokens": "8"},
+        "max_completion_tokens must be an integer",
+    ),
+    "bad top_logprobs without logprobs": ("hi", {"top_logprobs": 99}, "top_logprobs"),
+    # Booleans are booleans: "no" used to be truthy, so it turned streaming on.
+    "stream as a string": ("hi", {"extra_body": {"stream": "no"}}, "stream must be true or false"),
+    "logprobs as an object": ("hi", {"extra_body": {"logprobs": {}}}, "logprobs must be true"),
+    "include_usage as a number": (
+        "hi",
+        {"stream_options": {"include_usage": 1}},
+        "stream_options.include_usage must be true or false",
+    ),
+    # Checked without stream too: it used to be read only when streaming.
+    "stream_options a list without stream": (
+        "hi",
+        {"extra_body": {"stream_options": [1]}},
+        "stream_options must be an object",
+    ),
+    "mm_processor_kwargs false": (
+        "hi",
+        {"extra_body": {"mm_processor_kwargs": False}},
+        "mm_processor_kwargs must be an object",
+    ),
     # audio_url follows the image rules (checked before the model's modality).
     "audio URL at loopback": (
         [{"type": "audio_url", "audio_url": {"url": "http://127.0.0.1:9/a.wav"}}],
@@ -215,6 +251,11 @@ BAD = {
         [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "aiff"}}],
         {},
         "format",
+    ),
+    "input_audio data with padding after a whole group": (
+        [{"type": "input_audio", "input_audio": {"data": "UklGRgAA=", "format": "wav"}}],
+        {},
+        "must be base64",
     ),
     "unknown input_audio field": (
         [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "url": "x"}}],
@@ -235,6 +276,27 @@ def test_bad_requests_are_400_and_the_next_succeeds(client, case):
         else str(caught.value)
     )
     assert chat(client, "still fine?").choices[0].message.content is not None
+
+
+def test_null_is_unset_as_openai_documents(api):
+    """OpenAI's optional fields are nullable; n: null used to be refused as n != 1."""
+    unset = dict.fromkeys(["n", "seed", "stop", "top_p", "logprobs"])
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **unset}
+    response = httpx.post(api.http + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["tessera"]["token_ids"]) == 2
+
+
+def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(api):
+    """A null max_completion_tokens used to hide max_tokens: the decoder's default length, not 2."""
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "max_completion_tokens": None,
+    }
+    response = httpx.post(api.http + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["tessera"]["token_ids"]) == 2
 
 
 def test_redirect_to_a_private_address_is_refused(client, media_server):
@@ -266,6 +328,23 @@ def test_malformed_edges_are_400_in_openai_shape(api):
                 | {"stream_options": "x"}
             ),
             "stream_options",
+        ),
+        "part type not a string": (
+            json.dumps({"messages": [{"role": "user", "content": [{"type": {}}]}]}),
+            "type must be a string",
+        ),
+        "input_audio data not a string": (
+            json.dumps(
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [{"type": "input_audio", "input_audio": {"data": [1]}}],
+                        }
+                    ]
+                }
+            ),
+            "must be a base64 string",
         ),
         "malformed URL": (
             json.dumps({"messages": [{"role": "user", "content": [image_part("http://[::1")]}]}),
@@ -314,6 +393,7 @@ def test_models_health_ready_and_request_id(api):
     models = httpx.get(api.http + "/v1/models").json()
     assert models["data"][0]["id"] == "tessera-demo"
     assert httpx.get(api.http + "/health").status_code == 200
+    assert httpx.get(api.http + "/openapi.json").json() == openapi.DOCUMENT
     ready = httpx.get(api.http + "/ready")
     assert ready.status_code == 200 and all(ready.json()["backends"].values())
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -481,7 +561,12 @@ _BODIES = (
 
 def test_random_bodies_never_get_a_5xx(api):
     """Hypothesis (derandomized) against /v1/chat/completions: every body gets a 2xx or a
-    4xx in OpenAI's error shape, never a 5xx or a dropped connection."""
+    4xx in OpenAI's error shape, never a 5xx or a dropped connection.
+
+    Kept beside test_http_fuzz.py, which generates from the OpenAPI document: this one
+    sends what a schema-driven generator does not (lone surrogates, which schemathesis'
+    UTF-8 codec leaves out; any JSON at all in any field; malformed, refused and
+    unreachable media URLs)."""
     url = api.http + "/v1/chat/completions"
 
     @settings(max_examples=100, deadline=None, derandomize=True)
