@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
+from gateway.api_keys import ApiKeys, add_api_key_flags, api_keys_from_args
 from tessera.config_common import (
     add_address_flag,
     add_common_flags,
@@ -14,6 +15,7 @@ from tessera.config_common import (
 )
 from tessera.media import options_from_json
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
+from tessera.metrics import add_metrics_flag
 
 
 def _processing_options(value: str) -> dict[str, int]:
@@ -48,17 +50,21 @@ class GatewayConfig:
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
+    metrics_port: int
+    api_keys: ApiKeys
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
-        names = [name for name in cls.__dataclass_fields__ if name != "media_limits"]
-        fields = {name: getattr(args, name) for name in names}
-        return cls(**{**fields, "media_limits": MediaLimits.from_args(args)})
+        built = {"media_limits": MediaLimits.from_args(args), "api_keys": api_keys_from_args(args)}
+        names = [name for name in cls.__dataclass_fields__ if name not in built]
+        return cls(**{name: getattr(args, name) for name in names}, **built)
 
 
 def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
     add_common_flags(parser, default_port=50051)
+    add_api_key_flags(parser)
+    add_metrics_flag(parser)
     add_address_flag(
         parser,
         "--encoders",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway import openai_api, openapi
+from gateway.api_keys import ApiKeys, UnauthenticatedError
 from gateway.front import GatewayFront, Outcome, Rejected
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import DownstreamError, GenerationPipeline
@@ -46,12 +48,21 @@ _STATUS = {
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, kind: str, message: str, param: str | None = None, **headers):
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        **headers,
+    ):
         super().__init__(message)
         self.status, self.kind, self.param, self.headers = status, kind, param, headers
+        self.code = code
 
     def response_body(self) -> dict:
-        return {"message": str(self), "type": self.kind, "param": self.param, "code": None}
+        return {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}
 
     def response(self, request_id: str) -> JSONResponse:
         body = {"error": self.response_body()}
@@ -77,23 +88,40 @@ class HttpApi:
         max_request_bytes: int,
         request_timeout_seconds: float,
         backends: list,
+        api_keys: ApiKeys,
+        metrics_route: bool,
     ):
         self.front, self.registry, self.policy = front, registry, policy
         self.max_request_bytes = max_request_bytes
         self.request_timeout_seconds = request_timeout_seconds
         self.backends = backends  # ReplicaSets whose every address /ready checks
-        self.app = Starlette(
-            routes=[
-                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-                Route("/v1/models", self.models, methods=["GET"]),
-                Route("/health", self.health, methods=["GET"]),
-                Route("/ready", self.ready, methods=["GET"]),
-                Route("/metrics", self.metrics, methods=["GET"]),
-                Route(openapi.OPENAPI_PATH, self.openapi, methods=["GET"]),
-            ]
-        )
+        self.api_keys = api_keys
+        routes = [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/ready", self.ready, methods=["GET"]),
+            Route(openapi.OPENAPI_PATH, self.openapi, methods=["GET"]),
+        ]
+        if metrics_route:  # else /metrics is on --metrics-port only, off the public port
+            routes.append(Route("/metrics", self.metrics, methods=["GET"]))
+        self.app = Starlette(routes=routes)
+
+    def _tenant(self, request: Request) -> str:
+        """The caller's tenant from its API key; raises a 401 HttpError without a valid
+        key (when keys are configured)."""
+        try:
+            return self.api_keys.tenant_for(request.headers.get("authorization"))
+        except UnauthenticatedError as error:
+            raise HttpError(
+                401, "invalid_request_error", str(error), code="invalid_api_key"
+            ) from None
 
     async def chat_completions(self, request: Request) -> Response:
+        try:
+            tenant = self._tenant(request)  # before anything else is looked at
+        except HttpError as error:
+            return error.response(GenerationPipeline.new_request_id())
         request_id = request.headers.get(REQUEST_ID_HEADER) or GenerationPipeline.new_request_id()
         try:
             check_request_id(request_id, REQUEST_ID_HEADER)
@@ -106,6 +134,7 @@ class HttpApi:
             chat = await openai_api.chat_request_from_body(
                 body, request_id, self.policy, self.request_timeout_seconds
             )
+            chat = dataclasses.replace(chat, tenant=tenant)
             stream, include_usage = openai_api.stream_settings(body)
             self.front.check_model(chat.model)
             model = chat.model or self.front.model_name
@@ -194,6 +223,10 @@ class HttpApi:
         )
 
     async def models(self, request: Request) -> Response:
+        try:
+            self._tenant(request)
+        except HttpError as error:
+            return error.response(GenerationPipeline.new_request_id())
         # vLLM's shape, plus the inputs the model takes beside text, so a client can
         # tell an audio model from an image model before sending either.
         modalities = sorted(m.value for m in self.front.pipeline.builder.family.modalities)

@@ -16,7 +16,7 @@ from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
-from tessera.metrics import new_registry
+from tessera.metrics import new_registry, serve_metrics
 from tessera.replicas import ReplicaSet
 from tessera.server import configure_logging, serve, service_spec
 from tessera.v1 import gateway_pb2_grpc
@@ -64,6 +64,8 @@ async def run(config: GatewayConfig) -> None:
         names = [served_model_name(config), config.model]
         front = GatewayFront(pipeline, names, config.max_queued_requests, registry)
         servicer.front = front
+        servicer.api_keys = config.api_keys
+        serve_metrics(config.metrics_port, config.host, registry)
         http = "off"
         if config.http_port:
             policy = MediaFetchPolicy(
@@ -79,12 +81,16 @@ async def run(config: GatewayConfig) -> None:
                 config.max_request_bytes,
                 config.request_timeout_seconds,
                 [encoders, decoders],
+                config.api_keys,
+                metrics_route=not config.metrics_port,
             )
             await start_http(api.app, config.host, config.http_port)
             http = f"http://{config.host}:{config.http_port}"
         return (
             f"family={family.name} served_model_name={front.model_name} "
             f"fingerprint={family.fingerprint} http={http} "
+            f"api_keys={len(config.api_keys.keys) or 'none'} "
+            f"metrics_port={config.metrics_port or 'on the http port'} "
             f"encoders={','.join(config.encoders)} decoders={','.join(config.decoders)} "
             f"limit_mm_per_prompt={config.limit_mm_per_prompt} "
             f"max_request_bytes={config.max_request_bytes} "

@@ -373,6 +373,12 @@ def _error_responses() -> dict[str, Schema]:
     }
     return {
         "400": _json(error, "Bad input; the message says what to fix.", request_id),
+        "401": _json(
+            error,
+            "An API key is configured and the request has none, or an unknown one "
+            '(code "invalid_api_key").',
+            request_id,
+        ),
         "404": _json(error, "A backend answered NOT_FOUND.", request_id),
         "413": _json(error, "The body is larger than --max-request-bytes.", request_id),
         "429": _json(
@@ -453,7 +459,10 @@ def _models_operation() -> Schema:
     return {
         "summary": "The served model names, with the inputs each takes",
         "operationId": "listModels",
-        "responses": {"200": _json(listing, "The models.")},
+        "responses": {
+            "200": _json(listing, "The models."),
+            "401": _json(_ref("ErrorResponse"), "An API key is configured and missing."),
+        },
     }
 
 
@@ -473,7 +482,9 @@ def _ready_responses() -> dict[str, Schema]:
 
 
 def _plain_get(operation_id: str, summary: str, responses: dict[str, Schema]) -> Schema:
-    return {"get": {"summary": summary, "operationId": operation_id, "responses": responses}}
+    # Open whatever keys the gateway has: probes and scrapers carry none.
+    operation = {"summary": summary, "operationId": operation_id, "responses": responses}
+    return {"get": {**operation, "security": []}}
 
 
 def _paths() -> dict[str, Schema]:
@@ -517,8 +528,17 @@ def build_document() -> Schema:
                 "Usage": _usage(),
                 "Error": _error(),
                 "ErrorResponse": _error_response(),
-            }
+            },
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "One of the gateway's --api-key keys, when it has any.",
+                }
+            },
         },
+        # /v1 operations take a key when the gateway is given keys, and none otherwise.
+        "security": [{"apiKey": []}, {}],
     }
 
 

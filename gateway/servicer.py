@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from gateway.api_keys import ApiKeys, UnauthenticatedError
 from gateway.front import ChatRequest, GatewayFront, Outcome, Rejected
 from gateway.pipeline import DownstreamError, GenerationPipeline
 from gateway.prompt import ChatInput, MediaPart, PromptError, TextPart
@@ -18,9 +19,14 @@ REQUEST_ID_KEY = "x-request-id"
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self) -> None:
         self.front: GatewayFront | None = None  # set once the processor is loaded
+        self.api_keys = ApiKeys()
 
     async def Generate(self, request, context):
         await abort_unless_ready(context, self.front is not None)
+        try:
+            tenant = self.api_keys.tenant_for(_metadata(context, "authorization"))
+        except UnauthenticatedError as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
         request_id = request.request_id or _metadata(context, REQUEST_ID_KEY)
         request_id = request_id or GenerationPipeline.new_request_id()
         try:
@@ -38,6 +44,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 stop=list(request.stop),
                 max_chunk_tokens=request.max_chunk_tokens,
                 cache_salt=request.cache_salt,
+                tenant=tenant,
                 timeout_seconds=context.time_remaining(),
                 processing_options=dict(request.mm_processor_kwargs),
             )
