@@ -26,6 +26,7 @@ from tessera.media import decode_image
 from tessera.rendezvous import rendezvous_order
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
 from tests.cluster import Cluster
+from tests.direct import image_decode_request
 from tests.reference import noise_image
 
 MAX_NEW_TOKENS = 6
@@ -116,25 +117,14 @@ def direct_request(
     request_id: str,
 ) -> decoder_pb2.DecodeRequest:
     """The gateway's prompt for `image`, sent straight to a decoder with `hints`."""
-    prompt = completion.prompt_token_ids
-    positions = [p for p, t in enumerate(prompt) if t == placeholder_token_id]
-    return decoder_pb2.DecodeRequest(
-        request_id=request_id,
-        prompt_token_ids=prompt,
-        items=[
-            decoder_pb2.MediaSource(
-                range=common_pb2.PlaceholderRange(
-                    modality=common_pb2.MODALITY_IMAGE,
-                    content_hash=content_hash,
-                    offset=positions[0],
-                    length=len(positions),
-                ),
-                encoder_addresses=hints,
-                data=image,
-            )
-        ],
-        sampling=common_pb2.SamplingParams(max_tokens=MAX_NEW_TOKENS),
-        max_chunk_tokens=5,
+    return image_decode_request(
+        completion.prompt_token_ids,
+        placeholder_token_id,
+        image,
+        content_hash,
+        request_id,
+        hints,
+        max_tokens=MAX_NEW_TOKENS,
     )
 
 

@@ -11,8 +11,9 @@ import grpc
 import pytest
 
 from tessera.media import decode_image
-from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
+from tessera.v1 import common_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 from tests.cluster import Cluster
+from tests.direct import image_decode_request
 from tests.reference import noise_image
 
 NUM_HOSTILE_ITEMS = 24
@@ -150,24 +151,10 @@ def test_an_item_lost_right_after_encoding_is_the_encoders_trouble(own, cluster,
     fetch as the encoders' trouble (FAILED_PRECONDITION, a 503 at the gateway), not as a
     bad item (it said INVALID_ARGUMENT "Encode it first" before)."""
     image = noise_image(2024, 30, 30)
-    messages = [("user", [image, "What is shown?"])]
-    prompt = reference.inputs(messages)["input_ids"][0].tolist()
-    positions = [p for p, t in enumerate(prompt) if t == reference.placeholder_token_id]
-    request = decoder_pb2.DecodeRequest(
-        request_id="forgotten",
-        prompt_token_ids=prompt,
-        items=[
-            decoder_pb2.MediaSource(
-                range=common_pb2.PlaceholderRange(
-                    modality=common_pb2.MODALITY_IMAGE,
-                    content_hash=decode_image(image).content_hash(cluster.fingerprint()),
-                    offset=positions[0],
-                    length=len(positions),
-                ),
-                data=image,
-            )
-        ],
-        sampling=common_pb2.SamplingParams(max_tokens=2),
+    prompt = reference.inputs([("user", [image, "What is shown?"])])["input_ids"][0].tolist()
+    content_hash = decode_image(image).content_hash(cluster.fingerprint())
+    request = image_decode_request(
+        prompt, reference.placeholder_token_id, image, content_hash, "forgotten", max_tokens=2
     )
     with grpc.insecure_channel(own.address("decoder")) as channel:
         stub = decoder_pb2_grpc.DecoderServiceStub(channel)

@@ -17,6 +17,7 @@ from tessera.v1 import (
     encoder_pb2,
     encoder_pb2_grpc,
 )
+from tests.direct import image_decode_request
 from tests.reference import assert_greedy_match, noise_image
 
 MAX_NEW_TOKENS = 8
@@ -31,24 +32,15 @@ def direct_request(reference, fingerprint, image: bytes, encoders: list[str], re
     """A decode request built by hand, as the gateway would, for one image."""
     messages = [("user", [image, "What is shown?"])]
     prompt = reference.inputs(messages)["input_ids"][0].tolist()
-    positions = [p for p, t in enumerate(prompt) if t == reference.placeholder_token_id]
-    request = decoder_pb2.DecodeRequest(
-        request_id=request_id,
-        prompt_token_ids=prompt,
-        items=[
-            decoder_pb2.MediaSource(
-                range=common_pb2.PlaceholderRange(
-                    modality=common_pb2.MODALITY_IMAGE,
-                    content_hash=decode_image(image).content_hash(fingerprint),
-                    offset=positions[0],
-                    length=len(positions),
-                ),
-                encoder_addresses=encoders,
-                data=image,
-            )
-        ],
-        sampling=common_pb2.SamplingParams(max_tokens=MAX_NEW_TOKENS),
-        max_chunk_tokens=5,
+    content_hash = decode_image(image).content_hash(fingerprint)
+    request = image_decode_request(
+        prompt,
+        reference.placeholder_token_id,
+        image,
+        content_hash,
+        request_id,
+        encoders,
+        max_tokens=MAX_NEW_TOKENS,
     )
     return request, messages
 
