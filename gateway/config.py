@@ -6,14 +6,20 @@ import argparse
 import json
 from dataclasses import dataclass
 
+from tessera.access import AccessRules, add_allow_callers_flag, rules_from_args
 from tessera.config_common import (
     add_address_flag,
     add_common_flags,
     add_model_flags,
     add_replica_flags,
+    config_from_args,
 )
 from tessera.media import options_from_json
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
+from tessera.tls import TlsFiles, add_tls_flags
+
+# The gateway is the API for users: their certificates carry the `client` role.
+GATEWAY_ACCESS = AccessRules("tessera.v1.GatewayService", {"Generate": frozenset({"client"})})
 
 
 def _processing_options(value: str) -> dict[str, int]:
@@ -48,17 +54,26 @@ class GatewayConfig:
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
+    tls: TlsFiles  # served with, and presented to the encoders and decoders
+    access: AccessRules
+    enable_reflection: bool
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
-        names = [name for name in cls.__dataclass_fields__ if name != "media_limits"]
-        fields = {name: getattr(args, name) for name in names}
-        return cls(**{**fields, "media_limits": MediaLimits.from_args(args)})
+        return config_from_args(
+            cls,
+            args,
+            media_limits=MediaLimits.from_args(args),
+            tls=TlsFiles.from_args(args),
+            access=rules_from_args(args, GATEWAY_ACCESS),
+        )
 
 
 def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
     add_common_flags(parser, default_port=50051)
+    add_tls_flags(parser)
+    add_allow_callers_flag(parser, GATEWAY_ACCESS)
     add_address_flag(
         parser,
         "--encoders",
