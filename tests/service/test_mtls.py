@@ -61,9 +61,10 @@ def certs(tmp_path_factory) -> Certificates:
 def stack(demo_model_dir, certs):
     own = Cluster(client_tls=certs.roles["client"])
     try:
-        # GetStats narrowed from any caller: shows --allow-callers takes effect.
-        narrowed = ["--allow-callers", "GetStats=decoder,gateway"]
-        own.start_stack(demo_model_dir, narrowed, tls=certs.roles)
+        # GetStats narrowed from any caller: shows --allow-callers takes effect. Only
+        # the encoder serves reflection.
+        encoder_args = ["--allow-callers", "GetStats=decoder,gateway", "--enable-reflection"]
+        own.start_stack(demo_model_dir, encoder_args, tls=certs.roles)
         own.wait_ready()
         yield own
     finally:
@@ -192,10 +193,13 @@ def test_the_roles_a_method_names_get_through(stack, certs):
     assert len(tokens) == 3
 
 
-def test_reflection_is_off_without_the_flag(stack, certs):
-    with sync_channel(stack.address("encoder"), certs.roles["client"]) as channel:
+def test_reflection_only_with_its_flag_and_to_any_certificate(stack, certs):
+    with sync_channel(stack.address("decoder"), certs.roles["client"]) as channel:
         error = rpc_error(ProtoReflectionDescriptorDatabase(channel).get_services)
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    with sync_channel(stack.address("encoder"), certs.roles["client"]) as channel:
+        listed = ProtoReflectionDescriptorDatabase(channel).get_services()
+    assert "tessera.v1.EncoderService" in listed  # a bidirectional stream, checked too
 
 
 def peer_certificate(address: str, client: TlsFiles) -> x509.Certificate:
