@@ -5,13 +5,22 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from tessera.access import ANY_CALLER, AccessRules, add_allow_callers_flag, rules_from_args
 from tessera.config_common import (
     add_address_flag,
     add_common_flags,
     add_model_flags,
     add_replica_flags,
+    config_from_args,
 )
 from tessera.metrics import add_metrics_flag
+from tessera.tls import TlsFiles, add_tls_flags
+
+# Only the gateway generates: it builds the prompt and owns the request's leases.
+DECODER_ACCESS = AccessRules(
+    "tessera.v1.DecoderService",
+    {"Generate": frozenset({"gateway"}), "GetStats": frozenset({ANY_CALLER})},
+)
 
 
 @dataclass(frozen=True)
@@ -43,10 +52,15 @@ class DecoderConfig:
     model_fingerprint: str | None
     log_level: str
     metrics_port: int
+    tls: TlsFiles  # served with, and presented to the encoders
+    access: AccessRules
+    enable_reflection: bool
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DecoderConfig:
-        config = cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
+        config = config_from_args(
+            cls, args, tls=TlsFiles.from_args(args), access=rules_from_args(args, DECODER_ACCESS)
+        )
         if config.max_chunk_tokens < 1:
             raise SystemExit("--max-chunk-tokens must be >= 1")
         # With room for one chunk beside every other request's decode, the oldest prompt
@@ -68,6 +82,8 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
     add_metrics_flag(parser)
     add_common_flags(parser, default_port=50053)
+    add_tls_flags(parser)
+    add_allow_callers_flag(parser, DECODER_ACCESS)
     add_address_flag(
         parser,
         "--encoders",

@@ -51,7 +51,7 @@ def encoder_replicas(config: DecoderConfig) -> ReplicaSet:
     return ReplicaSet(
         "encoder",
         config.encoders,
-        ChannelPool(),
+        ChannelPool(tls=config.tls),
         config.replica_refresh_seconds,
         config.replica_retry_seconds,
     )
@@ -153,7 +153,7 @@ async def run(config: DecoderConfig) -> None:
         if servicer.engine is not None:
             await servicer.engine.drain(seconds)
 
-    spec = service_spec("decoder", config, "DecoderService")
+    spec = service_spec("decoder", config)
     try:
         await serve(
             spec,

@@ -6,14 +6,28 @@ import argparse
 from dataclasses import dataclass
 
 from encoder_service.memory_store import PinLimits
-from tessera.config_common import add_common_flags, add_model_flags, env_default
+from tessera.access import ANY_CALLER, AccessRules, add_allow_callers_flag, rules_from_args
+from tessera.config_common import add_common_flags, add_model_flags, config_from_args, env_default
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
+from tessera.tls import TlsFiles, add_tls_flags
 
 # 16 images of 1024x1024, or one of 4096x4096, per forward: big enough to batch every
 # image a chat sends, small enough that a request of huge images runs as many batches
 # and other requests' items take turns between them.
 DEFAULT_MAX_BATCH_PIXELS = 1 << 24
+
+# Gateways encode a request's items; decoders re-encode one an encoder lost. Both fetch
+# rows and release leases.
+ENCODER_ACCESS = AccessRules(
+    "tessera.v1.EncoderService",
+    {
+        "Encode": frozenset({"gateway", "decoder"}),
+        "GetEmbeddingSlices": frozenset({"decoder", "gateway"}),
+        "ReleaseLeases": frozenset({"decoder", "gateway"}),
+        "GetStats": frozenset({ANY_CALLER}),
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -47,12 +61,19 @@ class EncoderConfig:
     model_fingerprint: str | None
     log_level: str
     metrics_port: int
+    tls: TlsFiles
+    access: AccessRules
+    enable_reflection: bool
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EncoderConfig:
-        names = [name for name in cls.__dataclass_fields__ if name != "media_limits"]
-        fields = {name: getattr(args, name) for name in names}
-        return cls(**{**fields, "media_limits": MediaLimits.from_args(args)})
+        return config_from_args(
+            cls,
+            args,
+            media_limits=MediaLimits.from_args(args),
+            tls=TlsFiles.from_args(args),
+            access=rules_from_args(args, ENCODER_ACCESS),
+        )
 
     def pin_limits(self) -> PinLimits:
         """The flags' pin bounds, each defaulting to its fraction of --cache-bytes."""
@@ -69,6 +90,8 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
     add_metrics_flag(parser)
     add_common_flags(parser, default_port=50052)
+    add_tls_flags(parser)
+    add_allow_callers_flag(parser, ENCODER_ACCESS)
     parser.add_argument(
         "--cache-bytes",
         type=int,

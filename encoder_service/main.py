@@ -81,7 +81,7 @@ async def run(config: EncoderConfig) -> None:
             f"replica={fleet.replica_id} metrics_port={config.metrics_port or 'off'}"
         )
 
-    spec = service_spec("encoder", config, "EncoderService")
+    spec = service_spec("encoder", config)
     await serve(
         spec,
         lambda server: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, server),

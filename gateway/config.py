@@ -7,15 +7,21 @@ import json
 from dataclasses import dataclass
 
 from gateway.api_keys import ApiKeys, add_api_key_flags, api_keys_from_args
+from tessera.access import AccessRules, add_allow_callers_flag, rules_from_args
 from tessera.config_common import (
     add_address_flag,
     add_common_flags,
     add_model_flags,
     add_replica_flags,
+    config_from_args,
 )
 from tessera.media import options_from_json
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
+from tessera.tls import TlsFiles, add_tls_flags
+
+# The gateway is the API for users: their certificates carry the `client` role.
+GATEWAY_ACCESS = AccessRules("tessera.v1.GatewayService", {"Generate": frozenset({"client"})})
 
 
 def _processing_options(value: str) -> dict[str, int]:
@@ -52,12 +58,20 @@ class GatewayConfig:
     log_level: str
     metrics_port: int
     api_keys: ApiKeys
+    tls: TlsFiles  # served with, and presented to the encoders and decoders
+    access: AccessRules
+    enable_reflection: bool
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
-        built = {"media_limits": MediaLimits.from_args(args), "api_keys": api_keys_from_args(args)}
-        names = [name for name in cls.__dataclass_fields__ if name not in built]
-        return cls(**{name: getattr(args, name) for name in names}, **built)
+        return config_from_args(
+            cls,
+            args,
+            media_limits=MediaLimits.from_args(args),
+            api_keys=api_keys_from_args(args),
+            tls=TlsFiles.from_args(args),
+            access=rules_from_args(args, GATEWAY_ACCESS),
+        )
 
 
 def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +79,8 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     add_common_flags(parser, default_port=50051)
     add_api_key_flags(parser)
     add_metrics_flag(parser)
+    add_tls_flags(parser)
+    add_allow_callers_flag(parser, GATEWAY_ACCESS)
     add_address_flag(
         parser,
         "--encoders",

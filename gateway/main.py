@@ -44,7 +44,7 @@ async def run(config: GatewayConfig) -> None:
         builder = PromptBuilder(
             family, config.media_limits, config.limit_mm_per_prompt, config.mm_processor_kwargs
         )
-        channels = ChannelPool()
+        channels = ChannelPool(tls=config.tls)
         encoders, decoders = (
             ReplicaSet(
                 name,
@@ -98,7 +98,7 @@ async def run(config: GatewayConfig) -> None:
             f"allowed_media_domains={','.join(config.allowed_media_domains) or 'none'}"
         )
 
-    spec = service_spec("gateway", config, "GatewayService")
+    spec = service_spec("gateway", config)
     await serve(
         spec,
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server),

@@ -11,6 +11,7 @@ from tessera import __version__
 from tessera.config_common import env_default
 from tessera.demo_models import DEFAULT_FAMILY, DEMO_FAMILIES, DEMO_MODEL_SIZES
 from tessera.server_errors import PortTakenError
+from tessera.tls import TlsFiles, TlsFilesError, add_tls_flags
 
 
 def default_demo_dir(family: str = DEFAULT_FAMILY) -> Path:
@@ -64,6 +65,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         redis_url=args.redis_url,
         with_metrics=metrics_services(parsers),
         http_port=args.http_port,
+        auto_tls=args.tls == "auto",
     )
 
 
@@ -91,7 +93,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         sampling.seed = args.seed
     options = {"mm_processor_kwargs": args.mm_processor_kwargs or {}}
     try:
-        with Client(args.server) as client:
+        with Client(args.server, tls=TlsFiles.from_args(args)) as client:
             if not args.json:
                 for response in client.stream([Message("user", parts)], sampling, **options):
                     if response.HasField("delta"):
@@ -101,6 +103,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
             completion = client.complete([Message("user", parts)], sampling, **options)
     except grpc.RpcError as error:
         raise SystemExit(f"tessera generate: {error.code().name}: {error.details()}") from None
+    except TlsFilesError as error:
+        raise SystemExit(f"tessera generate: {error}") from None
     from google.protobuf.json_format import MessageToDict
 
     print(
@@ -179,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="shared L2 cache for every encoder, e.g. redis://127.0.0.1:6379/0 "
         "(default: the encoders' own, env TESSERA_REDIS_URL)",
     )
+    serve.add_argument(
+        "--tls",
+        choices=["off", "auto"],
+        default="off",
+        help="auto: a throwaway CA and a certificate per role, mutual TLS on every gRPC hop "
+        "(the start message names the client certificate)",
+    )
 
     generate = commands.add_parser("generate", help="send one request to a gateway")
     generate.add_argument("prompt")
@@ -200,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="processor settings for the media, as JSON, e.g. '{\"max_pixels\": 200704}'",
     )
+    add_tls_flags(generate)
 
     demo = commands.add_parser(
         "make-demo-model", help="write a random-weight checkpoint of a supported family"
@@ -230,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         return cmd_make_demo_model(args)
     try:
         run(args)
-    except PortTakenError as error:  # a start-up error, not a crash: one line
+    except (PortTakenError, TlsFilesError) as error:  # a start-up error, not a crash: one line
         raise SystemExit(f"tessera {args.command}: {error}") from None
 
 

@@ -4,6 +4,12 @@
         answer = client.complete([Message("user", [png_bytes, "What is this?"])])
         print(answer.text)
 
+A gateway with mutual TLS wants a client certificate (role `client`, see README):
+
+    Client("localhost:50051", tls=TlsFiles("client.pem", "client.key", "ca.pem"))
+
+The files are read once, when the client is made.
+
 Every call has a deadline (`timeout_seconds`). A call that fails before any output with
 UNAVAILABLE (no gateway there, or it is restarting) or RESOURCE_EXHAUSTED (queue full) is
 retried up to `max_retries` times with backoff: nothing was generated for the caller, so
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from tessera.server import GRPC_OPTIONS
+from tessera.tls import TlsFiles, aio_channel, sync_channel
 from tessera.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -131,8 +138,14 @@ def _metadata(request: gateway_pb2.GenerateRequest) -> list[tuple[str, str]]:
 
 
 class Client:
-    def __init__(self, address: str, timeout_seconds: float | None = 300.0, max_retries: int = 2):
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    def __init__(
+        self,
+        address: str,
+        timeout_seconds: float | None = 300.0,
+        max_retries: int = 2,
+        tls: TlsFiles | None = None,
+    ):
+        self._channel = sync_channel(address, tls, GRPC_OPTIONS)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self.timeout_seconds = timeout_seconds
         self.max_retries = max_retries
@@ -171,8 +184,14 @@ class Client:
 
 
 class AsyncClient:
-    def __init__(self, address: str, timeout_seconds: float | None = 300.0, max_retries: int = 2):
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+    def __init__(
+        self,
+        address: str,
+        timeout_seconds: float | None = 300.0,
+        max_retries: int = 2,
+        tls: TlsFiles | None = None,
+    ):
+        self._channel = aio_channel(address, tls, GRPC_OPTIONS)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self.timeout_seconds = timeout_seconds
         self.max_retries = max_retries

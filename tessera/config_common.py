@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 def env_default(name: str, default: T, parse: Callable[[str], T] = str) -> T:  # type: ignore[assignment]
@@ -49,6 +50,19 @@ def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None
         help="on SIGTERM, how long in-flight requests get to finish",
     )
     parser.add_argument("--log-level", default=env_default("TESSERA_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--enable-reflection",
+        action="store_true",
+        help="serve gRPC server reflection (for grpcurl and the like; off: it hands out "
+        "the API's whole schema to anyone who may connect)",
+    )
+
+
+def config_from_args(cls: Callable[..., C], args: argparse.Namespace, **built: Any) -> C:
+    """A service config dataclass: `built` fields as given (settings made of several
+    flags), every other field from the flag of its name."""
+    names = [name for name in cls.__dataclass_fields__ if name not in built]  # type: ignore[attr-defined]
+    return cls(**{name: getattr(args, name) for name in names}, **built)
 
 
 def address_list(value: str) -> tuple[str, ...]:

@@ -10,26 +10,35 @@ With `--encoders N --decoders M` it mirrors a cluster on loopback: N encoder rep
 each get every encoder's address, and a gateway that gets every replica's address. A
 replica that dies is reported and routed around, as in a cluster (without the restart);
 serve stops when the gateway or the last replica of a service is gone.
+
+With `--tls auto` it makes a throwaway CA and one certificate per role in a temporary
+directory (removed on exit; tessera.certs), starts every service with mutual TLS on its
+role's certificate, and prints the `client` certificate to connect with.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tessera.tls import TlsFiles, sync_channel, tls_args
+
 # Flags `serve` sets on the services itself; they cannot be passed through.
 _OWN_FLAGS = {"--model", "--port", "--host", "--encoders", "--decoders", "--metrics-port"}
+_TLS_FLAGS = {"--tls-cert-file", "--tls-key-file", "--tls-ca-file"}
 METRICS_FLAG = "--metrics-port"
 
 
@@ -82,6 +91,12 @@ def route_flags(
         flag = token.split("=", 1)[0]
         if flag in _OWN_FLAGS:
             raise SystemExit(f"tessera serve sets {flag} itself; use serve's own options")
+        if flag in _TLS_FLAGS:
+            raise SystemExit(f"tessera serve gives each service its own {flag}: use --tls auto")
+        if flag == "--allow-callers":  # the methods differ per service
+            raise SystemExit(
+                "tessera serve cannot route --allow-callers; start the services one by one"
+            )
         owners = [name for name, p in parsers.items() if flag in p._option_string_actions]
         if not owners:
             raise SystemExit(f"no service takes {flag}; see tessera encoder|decoder|gateway --help")
@@ -109,11 +124,13 @@ def plan_replicas(
     redis_url: str | None = None,
     with_metrics: Collection[str] = (),
     ports: Iterator[int] | None = None,
+    tls: Mapping[str, TlsFiles] | None = None,
 ) -> list[Replica]:
     """What to start, in start order: the encoders, the decoders with every encoder
     address, then the gateway with every encoder and decoder address. The flags mirror the
     Kubernetes manifests: the encoders share `--redis-url`, the decoders and the gateway
-    list the replicas they call (there through DNS)."""
+    list the replicas they call (there through DNS). With `tls` (files per role), each
+    service gets the files of the role named like it."""
     if encoders < 1 or decoders < 1:
         raise SystemExit("tessera serve needs at least one encoder and one decoder")
     ports = ports or distinct_free_ports(host, taken={gateway_port})
@@ -124,7 +141,8 @@ def plan_replicas(
         name = service if count == 1 else f"{service}-{index}"
         metrics_port = next(ports) if service in with_metrics else None
         metrics = [METRICS_FLAG, str(metrics_port)] if metrics_port is not None else []
-        args = [*common, "--port", str(port), *metrics, *extra, *routed[service]]
+        security = tls_args(tls[service]) if tls else []
+        args = [*common, "--port", str(port), *metrics, *security, *extra, *routed[service]]
         replica = Replica(name, service, f"{host}:{port}", args, metrics_port)
         replicas.append(replica)
         return replica
@@ -143,10 +161,13 @@ def plan_replicas(
     return replicas
 
 
-def wait_healthy(children: list[Child], timeout_seconds: float) -> None:
+def wait_healthy(
+    children: list[Child], timeout_seconds: float, tls: TlsFiles | None = None
+) -> None:
+    """Until every child reports SERVING; `tls`: the client files to ask with."""
     deadline = time.monotonic() + timeout_seconds
     for child in children:
-        with grpc.insecure_channel(child.address) as channel:
+        with sync_channel(child.address, tls) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 if child.process.poll() is not None:
@@ -216,8 +237,14 @@ def serve_all(
     redis_url: str | None = None,
     with_metrics: Collection[str] = (),
     http_port: int = 0,
+    auto_tls: bool = False,
 ) -> None:
-    replicas = plan_replicas(model, host, port, routed, encoders, decoders, redis_url, with_metrics)
+    tls_dir = Path(tempfile.mkdtemp(prefix="tessera-tls-")) if auto_tls else None
+    tls = _role_certificates(tls_dir, host) if tls_dir else None
+    replicas = plan_replicas(
+        model, host, port, routed, encoders, decoders, redis_url, with_metrics, tls=tls
+    )
+    client = tls["client"] if tls else None
     children: list[Child] = []
     stop = {"requested": False}
 
@@ -230,14 +257,22 @@ def serve_all(
         for replica in replicas:
             process = start_child(replica.service, replica.args)
             children.append(Child(replica.name, replica.address, process))
-        wait_healthy(children, ready_timeout)
-        print_ready(replicas[-1].address, model, replicas, children, http_port)
+        wait_healthy(children, ready_timeout, client)
+        print_ready(replicas[-1].address, model, replicas, children, http_port, client)
         watch = Watch(replicas, children)
         while not stop["requested"]:
             watch.check(lambda line: print(line, file=sys.stderr, flush=True))
             time.sleep(0.5)
     finally:
         stop_children(children)
+        if tls_dir:
+            shutil.rmtree(tls_dir, ignore_errors=True)
+
+
+def _role_certificates(directory: Path, host: str) -> dict[str, TlsFiles]:
+    from tessera.certs import write_role_certificates
+
+    return write_role_certificates(directory, extra_hosts=[host])
 
 
 def example_media(model: str) -> str:
@@ -253,7 +288,12 @@ def example_media(model: str) -> str:
 
 
 def print_ready(
-    gateway: str, model: str, replicas: list[Replica], children: list[Child], http_port: int = 0
+    gateway: str,
+    model: str,
+    replicas: list[Replica],
+    children: list[Child],
+    http_port: int = 0,
+    client: TlsFiles | None = None,
 ) -> None:
     tessera = Path(sys.executable).with_name("tessera")
     command = str(tessera) if tessera.exists() else "tessera"
@@ -273,12 +313,20 @@ def print_ready(
         if http_port
         else ""
     )
+    security = (
+        f"  mutual TLS: connect with the client certificate {client.cert_file}\n"
+        f"    (key {client.key_file}, CA {client.ca_file}; removed on exit)\n"
+        if client
+        else ""
+    )
+    flags = "".join(f"{part} " for part in tls_args(client)) if client else ""
     print(
         f"\nTessera is ready.\n"
         f"  gateway (gRPC): {gateway}   model: {model}\n"
         f"{http}"
+        f"{security}"
         f"  replicas:\n{''.join(lines)}"
-        f"  try:  {command} generate --server {gateway} {example_media(model)}\n"
+        f"  try:  {command} generate --server {gateway} {flags}{example_media(model)}\n"
         f"  stop: Ctrl-C\n",
         flush=True,
     )

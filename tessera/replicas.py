@@ -124,9 +124,16 @@ class ReplicaSet:
         addresses: list[str] = []
         for target in self.targets:
             try:
-                addresses += [a for a in await resolve(target) if a not in addresses]
+                resolved = await resolve(target)
             except OSError as error:
                 log.warning("cannot resolve %s: %s", target, error)
+                continue
+            addresses += [a for a in resolved if a not in addresses]
+            if target.startswith(DNS_PREFIX):
+                # A pod's address is in no certificate; the name it was found under is.
+                name = split_host_port(target[len(DNS_PREFIX) :])[0]
+                for address in resolved:
+                    self.channels.set_server_name(address, name)
         if addresses and addresses != self._addresses:
             log.info("%s replicas: %s", self.name, ", ".join(addresses))
             for gone in set(self._addresses) - set(addresses):

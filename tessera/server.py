@@ -1,5 +1,5 @@
-"""What every Tessera gRPC server shares: health, reflection, a loading phase, a start
-line, and a clean shutdown on SIGTERM."""
+"""What every Tessera gRPC server shares: health, TLS and caller checks, reflection (on
+request), a loading phase, a start line, and a clean shutdown on SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -15,7 +15,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tessera import __version__
+from tessera.access import AccessRules, CallerCheck
 from tessera.server_errors import PortTakenError
+from tessera.tls import TlsFiles, server_credentials
 
 log = logging.getLogger("tessera")
 
@@ -39,18 +41,51 @@ class ServerSpec:
     model: str
     drain_seconds: float
     service_names: Sequence[str]  # full gRPC service names, for health and reflection
+    tls: TlsFiles = field(default_factory=TlsFiles)
+    access: AccessRules | None = None  # checked only with mutual TLS
+    enable_reflection: bool = False
 
 
-def service_spec(name: str, config: Any, service_name: str) -> ServerSpec:
-    """A ServerSpec from a service config that has host, port, model and drain_seconds."""
+def service_spec(name: str, config: Any) -> ServerSpec:
+    """A ServerSpec from a service config that has host, port, model, drain_seconds, tls,
+    access (whose service is the one served) and enable_reflection."""
     return ServerSpec(
         name=name,
         host=config.host,
         port=config.port,
         model=config.model,
         drain_seconds=config.drain_seconds,
-        service_names=[f"tessera.v1.{service_name}"],
+        service_names=[config.access.service],
+        tls=config.tls,
+        access=config.access,
+        enable_reflection=config.enable_reflection,
     )
+
+
+def _interceptors(spec: ServerSpec) -> list[grpc.aio.ServerInterceptor]:
+    """A caller check when callers have verified names (mutual TLS); none otherwise, and
+    a warning, since then anyone who reaches the port may call every method."""
+    if spec.tls.mutual and spec.access is not None:
+        log.info("callers allowed by certificate name: %s", spec.access.describe())
+        return [CallerCheck(spec.access)]
+    kind = "TLS without client certificates" if spec.tls.enabled else "plaintext"
+    log.warning(
+        "tessera %s accepts unauthenticated callers (%s): give --tls-cert-file, "
+        "--tls-key-file and --tls-ca-file for mutual TLS",
+        spec.name,
+        kind,
+    )
+    return []
+
+
+def _add_port(server: grpc.aio.Server, spec: ServerSpec) -> int:
+    address = f"{spec.host}:{spec.port}"
+    try:
+        if spec.tls.enabled:
+            return server.add_secure_port(address, server_credentials(spec.tls))
+        return server.add_insecure_port(address)
+    except RuntimeError:
+        return 0
 
 
 def redact(url: str | None) -> str:
@@ -87,16 +122,16 @@ async def serve(
     (gRPC would cancel them, and log a traceback for each)."""
     # No SO_REUSEPORT: a second server on a taken port must fail, not silently split the
     # port's clients with the first.
-    server = grpc.aio.server(options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(
+        options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 0)], interceptors=_interceptors(spec)
+    )
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
-    reflection.enable_server_reflection(names, server)
-    try:
-        port = server.add_insecure_port(f"{spec.host}:{spec.port}")
-    except RuntimeError:
-        port = 0
+    if spec.enable_reflection:  # off by default: it hands out the whole API's schema
+        names = [*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, server)
+    port = _add_port(server, spec)
     if port == 0:
         raise PortTakenError(f"could not bind {spec.host}:{spec.port}: is another server on it?")
     await _set_health(
@@ -104,6 +139,7 @@ async def serve(
     )
     await server.start()
     address = f"{spec.host}:{port}"
+    transport = "mtls" if spec.tls.mutual else "tls" if spec.tls.enabled else "plaintext"
     log.info("tessera %s %s: loading %s on %s", spec.name, __version__, spec.model, address)
 
     stop = stop_event or asyncio.Event()
@@ -114,12 +150,13 @@ async def serve(
     loaded = await load()
     await _set_health(health_servicer, spec.service_names, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "tessera %s %s ready: model=%s %s address=%s",
+        "tessera %s %s ready: model=%s %s address=%s transport=%s",
         spec.name,
         __version__,
         spec.model,
         loaded,
         address,
+        transport,
     )
     await stop.wait()
     log.info("tessera %s stopping: draining for up to %.1fs", spec.name, spec.drain_seconds)

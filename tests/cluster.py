@@ -8,22 +8,25 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tessera.launcher import Child, free_port, stop_children, wait_healthy
+from tessera.tls import TlsFiles, tls_args
 
 READY_TIMEOUT_SECONDS = 180.0
 
 
 @dataclass
 class Cluster:
-    """Processes started together; `address(name)` finds one."""
+    """Processes started together; `address(name)` finds one. `client_tls`: the files
+    the test's own health checks present (services with mutual TLS want one)."""
 
     children: list[Child] = field(default_factory=list)
     logs: dict[str, Path] = field(default_factory=dict)
     commands: dict[str, list[str]] = field(default_factory=dict)
+    client_tls: TlsFiles | None = None
 
     def start(self, name: str, service: str, args: list[str]) -> str:
         """Starts `tessera <service> <args> --port <free>`; returns its address."""
@@ -55,21 +58,27 @@ class Cluster:
         self.children[self.children.index(old)] = Child(name, old.address, self._spawn(name))
 
     def start_stack(
-        self, model_dir: Path, encoder_args: Sequence[str] = (), gateway_args: Sequence[str] = ()
+        self,
+        model_dir: Path,
+        encoder_args: Sequence[str] = (),
+        tls: Mapping[str, TlsFiles] | None = None,
+        gateway_args: Sequence[str] = (),
     ) -> None:
-        """One encoder, one decoder and a gateway in front of them, on `model_dir`."""
-        model = ["--model", str(model_dir)]
-        encoder = self.start("encoder", "encoder", [*model, *encoder_args])
-        decoder = self.start("decoder", "decoder", [*model, "--encoders", encoder])
-        self.start(
-            "gateway",
-            "gateway",
-            [*model, "--encoders", encoder, "--decoders", decoder, *gateway_args],
-        )
+        """One encoder, one decoder and a gateway in front of them, on `model_dir`;
+        with `tls` (files per role), each service on its role's files."""
+
+        def args(service: str, *extra: str) -> list[str]:
+            security = tls_args(tls[service]) if tls else []
+            return ["--model", str(model_dir), *security, *extra]
+
+        encoder = self.start("encoder", "encoder", args("encoder", *encoder_args))
+        decoder = self.start("decoder", "decoder", args("decoder", "--encoders", encoder))
+        routes = ["--encoders", encoder, "--decoders", decoder, *gateway_args]
+        self.start("gateway", "gateway", args("gateway", *routes))
 
     def wait_ready(self) -> None:
         try:
-            wait_healthy(self.children, READY_TIMEOUT_SECONDS)
+            wait_healthy(self.children, READY_TIMEOUT_SECONDS, self.client_tls)
         except SystemExit as error:
             raise RuntimeError(f"{error}\n{self.dump_logs()}") from None
 

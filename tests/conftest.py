@@ -32,7 +32,8 @@ def other_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def cluster(demo_model_dir) -> Cluster:
     """Gateway + encoder + decoder, plus a second encoder with no cache to speak of."""
-    model = ["--model", str(demo_model_dir)]
+    # Reflection is off by default; test_lifecycle checks it is served when asked for.
+    model = ["--model", str(demo_model_dir), "--enable-reflection"]
     services = Cluster()
     try:
         services.metrics_ports = {"encoder": free_port(), "decoder": free_port()}

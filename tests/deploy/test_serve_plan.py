@@ -122,3 +122,34 @@ def test_serve_options():
 def test_metrics_port_is_set_by_serve_itself():
     with pytest.raises(SystemExit, match="sets --metrics-port itself"):
         route_flags(["--metrics-port", "9100"], {"encoder": build_parser()})
+
+
+def test_tls_auto_gives_each_service_its_own_role_certificate(tmp_path):
+    from encoder_service.config import EncoderConfig
+    from encoder_service.main import build_parser as encoder_parser
+    from tessera.certs import write_role_certificates
+
+    files = write_role_certificates(tmp_path)
+    replicas = plan(encoders=2, tls=files)
+    for replica in replicas:
+        index = replica.args.index("--tls-cert-file")
+        assert replica.args[index : index + 6] == [
+            "--tls-cert-file",
+            str(tmp_path / f"{replica.service}.pem"),
+            "--tls-key-file",
+            str(tmp_path / f"{replica.service}.key"),
+            "--tls-ca-file",
+            str(tmp_path / "ca.pem"),
+        ]
+    config = EncoderConfig.from_args(encoder_parser().parse_args(replicas[0].args))
+    assert config.tls == files["encoder"] and config.tls.mutual
+    args, _ = build_parser().parse_known_args(["serve", "--tls", "auto"])
+    assert args.tls == "auto"
+
+
+def test_serve_refuses_tls_files_and_caller_rules_it_cannot_route():
+    parsers = {"encoder": build_parser()}
+    with pytest.raises(SystemExit, match="its own --tls-cert-file: use --tls auto"):
+        route_flags(["--tls-cert-file", "x.pem"], parsers)
+    with pytest.raises(SystemExit, match="cannot route --allow-callers"):
+        route_flags(["--allow-callers", "Encode=gateway"], parsers)

@@ -1,4 +1,4 @@
-"""Health, reflection, start lines and a clean shutdown on SIGTERM."""
+"""Health, reflection (asked for), start lines and a clean shutdown on SIGTERM."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ def test_health_reflection_and_start_line(cluster, name):
     ]
     assert len(ready_lines) == 1
     assert "model=" in ready_lines[0] and cluster.address(name) in ready_lines[0]
+    # No flags, no TLS: anyone may call, and the start says so.
+    assert "transport=plaintext" in ready_lines[0]
+    assert f"tessera {name} accepts unauthenticated callers (plaintext)" in log
 
 
 def test_sigterm_lets_the_request_in_flight_finish(demo_model_dir):
