@@ -93,7 +93,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         sampling.seed = args.seed
     options = {"mm_processor_kwargs": args.mm_processor_kwargs or {}}
     try:
-        with Client(args.server, tls=TlsFiles.from_args(args)) as client:
+        with Client(args.server, tls=TlsFiles.from_args(args), api_key=args.api_key) as client:
             if not args.json:
                 for response in client.stream([Message("user", parts)], sampling, **options):
                     if response.HasField("delta"):
@@ -212,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="processor settings for the media, as JSON, e.g. '{\"max_pixels\": 200704}'",
     )
     add_tls_flags(generate)
+    generate.add_argument(
+        "--api-key",
+        default=env_default("TESSERA_API_KEY", ""),
+        help="the gateway's API key, if it has any (env TESSERA_API_KEY)",
+    )
 
     demo = commands.add_parser(
         "make-demo-model", help="write a random-weight checkpoint of a supported family"

@@ -8,7 +8,9 @@ A gateway with mutual TLS wants a client certificate (role `client`, see README)
 
     Client("localhost:50051", tls=TlsFiles("client.pem", "client.key", "ca.pem"))
 
-The files are read once, when the client is made.
+The files are read once, when the client is made. A gateway with API keys wants one:
+
+    Client("127.0.0.1:50051", api_key="...")
 
 Every call has a deadline (`timeout_seconds`). A call that fails before any output with
 UNAVAILABLE (no gateway there, or it is restarting) or RESOURCE_EXHAUSTED (queue full) is
@@ -133,8 +135,10 @@ def _backoff(attempt: int) -> float:
     return min(0.2 * 2**attempt, 2.0)
 
 
-def _metadata(request: gateway_pb2.GenerateRequest) -> list[tuple[str, str]]:
-    return [(REQUEST_ID_KEY, request.request_id)] if request.request_id else []
+def _metadata(request: gateway_pb2.GenerateRequest, api_key: str) -> list[tuple[str, str]]:
+    """The request id (if any) and the API key (if any), as the gateway reads them."""
+    metadata = [(REQUEST_ID_KEY, request.request_id)] if request.request_id else []
+    return metadata + ([("authorization", f"Bearer {api_key}")] if api_key else [])
 
 
 class Client:
@@ -144,11 +148,13 @@ class Client:
         timeout_seconds: float | None = 300.0,
         max_retries: int = 2,
         tls: TlsFiles | None = None,
+        api_key: str = "",
     ):
         self._channel = sync_channel(address, tls, GRPC_OPTIONS)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self.timeout_seconds = timeout_seconds
         self.max_retries = max_retries
+        self.api_key = api_key
 
     def close(self) -> None:
         self._channel.close()
@@ -166,7 +172,7 @@ class Client:
             received = False
             try:
                 for response in self._stub.Generate(
-                    request, timeout=self.timeout_seconds, metadata=_metadata(request)
+                    request, timeout=self.timeout_seconds, metadata=_metadata(request, self.api_key)
                 ):
                     received = True
                     yield response
@@ -190,11 +196,13 @@ class AsyncClient:
         timeout_seconds: float | None = 300.0,
         max_retries: int = 2,
         tls: TlsFiles | None = None,
+        api_key: str = "",
     ):
         self._channel = aio_channel(address, tls, GRPC_OPTIONS)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self.timeout_seconds = timeout_seconds
         self.max_retries = max_retries
+        self.api_key = api_key
 
     async def close(self) -> None:
         await self._channel.close()
@@ -210,7 +218,7 @@ class AsyncClient:
         for attempt in range(self.max_retries + 1):
             received = False
             call = self._stub.Generate(
-                request, timeout=self.timeout_seconds, metadata=_metadata(request)
+                request, timeout=self.timeout_seconds, metadata=_metadata(request, self.api_key)
             )
             try:
                 async for response in call:

@@ -6,11 +6,16 @@ Without keys, cache_salt alone keeps encoder entries apart."""
 from __future__ import annotations
 
 import base64
+import json
+import os
+import subprocess
+import sys
 
 import grpc
 import httpx
 import pytest
 
+from tessera.client import Client, Message
 from tessera.launcher import free_port
 from tessera.media import decode_image
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc, gateway_pb2, gateway_pb2_grpc
@@ -18,6 +23,10 @@ from tests.cluster import Cluster
 from tests.reference import noise_image
 
 KEYS = {"a": "key-of-tenant-a", "b": "key-of-tenant-b"}
+
+
+def greedy_of(max_tokens: int) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(max_tokens=max_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +168,18 @@ def test_without_keys_cache_salt_keeps_encoder_entries_apart(cluster):
         with pytest.raises(grpc.RpcError) as caught:
             list(stub.GetEmbeddingSlices(request, timeout=30))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_python_client_and_the_cli_send_the_key(stack):
+    image = noise_image(6, 24, 24)
+    with Client(stack.address("gateway"), api_key=KEYS["b"], max_retries=0) as client:
+        done = client.complete([Message("user", [image, "Hm?"])], greedy_of(3))
+    assert len(done.token_ids) == 3
+    command = [sys.executable, "-m", "tessera.cli", "generate", "--server"]
+    command += [stack.address("gateway"), "--max-tokens", "2", "--json", "hi"]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "API key" in refused.stderr
+    env = {**os.environ, "TESSERA_API_KEY": KEYS["a"]}
+    sent = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert sent.returncode == 0, sent.stderr
+    assert len(json.loads(sent.stdout)["token_ids"]) == 2
