@@ -23,17 +23,14 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import redis.asyncio as aioredis
-import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from encoder_service.breaker import CircuitBreaker
 from encoder_service.redis_format import (
     DEFAULT_GROUP_ROWS,
     FIXED_HEADER_BYTES,
@@ -47,11 +44,10 @@ from encoder_service.redis_format import (
     rows_from_groups,
     verify_groups,
 )
+from encoder_service.redis_guard import RedisGuard, RedisStoreStats
 from tessera.tensor_codec import CodecError, RowBlock
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 KEY_PREFIX = "tessera:emb:v1"
 LEASE_PREFIX = "tessera:lease:v1"
@@ -79,27 +75,6 @@ end
 return 0
 """
 
-# Errors that mean "Redis is unreachable or too slow": they trip the breaker.
-_DOWN_ERRORS: tuple[type[BaseException], ...] = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    asyncio.TimeoutError,  # our per-call deadline (the builtin TimeoutError on 3.11+)
-    OSError,
-    redis.exceptions.ClusterError,  # includes CLUSTERDOWN
-    redis.exceptions.RedisClusterException,  # e.g. no node reachable to learn the slots
-)
-
-
-@dataclass
-class RedisStoreStats:
-    num_hits: int = 0
-    num_misses: int = 0
-    num_corrupt: int = 0
-    num_errors: int = 0
-    num_writes: int = 0
-    num_bytes_read: int = 0
-    degraded: bool = False
-
 
 class RedisStore:
     """content_hash -> RowBlock in Redis, with row-range reads, leases and a breaker."""
@@ -124,13 +99,17 @@ class RedisStore:
             raise ValueError("ttl_seconds and timeout_seconds must be > 0, max_connections >= 1")
         self.model_fingerprint = model_fingerprint
         self.ttl_ms = max(1, round(ttl_seconds * 1000))
-        self.timeout_seconds = timeout_seconds
         self.group_rows = group_rows
         self.stats = RedisStoreStats()
-        self._breaker = CircuitBreaker(backoff_start_seconds, backoff_max_seconds, clock)
-        # Bounds concurrent commands to the pool size: redis-py's pools raise (not wait)
-        # when exhausted, which would look like Redis being down.
-        self._slots = asyncio.Semaphore(max_connections)
+        self._guard = RedisGuard(
+            self.stats,
+            timeout_seconds,
+            max_connections,
+            backoff_start_seconds,
+            backoff_max_seconds,
+            clock,
+        )
+        self._guarded = self._guard.run
         self._headers: OrderedDict[str, EntryHeader] = OrderedDict()
         self._client = _make_client(url, timeout_seconds, max_connections, cluster)
         self._release_script = self._client.register_script(_RELEASE_LUA)
@@ -338,51 +317,7 @@ class RedisStore:
             return "ready"
         return "waiting" if leased else "abandoned"
 
-    # -- plumbing ------------------------------------------------------------------------
-
-    async def _guarded(self, operation: Awaitable[T], default: T) -> T:
-        """Runs one Redis operation under the breaker, the deadline and the slot limit."""
-        probe = self._breaker.admit()
-        if probe is None:
-            _close(operation)
-            return default
-        verdict_given = False
-        try:
-            # Waiting for a free slot is outside the deadline: a busy pool is load, not
-            # Redis failing, and must not trip the breaker. Each holder is bounded by it.
-            async with self._slots:
-                result = await asyncio.wait_for(operation, self.timeout_seconds)
-            self._on_up()
-            verdict_given = True
-            return result
-        except _DOWN_ERRORS as error:
-            self._on_down(error, probe)
-            verdict_given = True
-            return default
-        except redis.exceptions.RedisError as error:
-            # A command error (OOM on SET, a non-string at our key): Redis answered, so
-            # count it but keep the store up for everyone else.
-            self.stats.num_errors += 1
-            log.warning("redis command failed: %s", error)
-            self._on_up()
-            verdict_given = True
-            return default
-        finally:
-            if not verdict_given:
-                self._breaker.abandoned(probe)
-                _close(operation)
-
-    def _on_up(self) -> None:
-        if self._breaker.down:
-            log.warning("redis reachable again")
-        self._breaker.succeeded()
-        self.stats.degraded = False
-
-    def _on_down(self, error: BaseException, probe: bool) -> None:
-        self.stats.num_errors += 1
-        if self._breaker.failed(probe):
-            log.warning("redis unavailable (%r); serving misses while it is down", error)
-        self.stats.degraded = True
+    # -- bookkeeping ---------------------------------------------------------------------
 
     def _count(self, block: RowBlock | None) -> RowBlock | None:
         if block is None:
@@ -429,10 +364,3 @@ def _make_client(
 def _check_hash(content_hash: str) -> None:
     if not isinstance(content_hash, str) or not content_hash:
         raise ValueError(f"content_hash must be a non-empty str, got {content_hash!r}")
-
-
-def _close(operation: Awaitable[Any]) -> None:
-    # An operation never awaited must be closed, or Python warns it was never awaited.
-    close = getattr(operation, "close", None)
-    if close is not None:
-        close()
