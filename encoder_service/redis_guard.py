@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,7 +25,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Errors that mean "Redis is unreachable or too slow": they trip the breaker.
+# Errors that mean "Redis is unreachable, too slow or refuses us": they trip the breaker.
+# A wrong password or client certificate lands here too (AuthenticationError is a
+# ConnectionError; a refused TLS handshake an OSError): the encoder serves without Redis
+# and keeps probing, so fixing the Secret brings the cache back without a restart.
 _DOWN_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -86,8 +90,8 @@ class RedisGuard:
             verdict_given = True
             return default
         except redis.exceptions.RedisError as error:
-            # A command error (OOM on SET, a non-string at our key): Redis answered, so
-            # count it but keep the store up for everyone else.
+            # A command error (OOM on SET, a non-string at our key, an ACL refusal of one
+            # command): Redis answered, so count it but keep the store up for the rest.
             self.stats.num_errors += 1
             log.warning("redis command failed: %s", error)
             self._on_up()
@@ -107,8 +111,20 @@ class RedisGuard:
     def _on_down(self, error: BaseException, probe: bool) -> None:
         self.stats.num_errors += 1
         if self._breaker.failed(probe):
-            log.warning("redis unavailable (%r); serving misses while it is down", error)
+            log.warning(
+                "redis unavailable (%r)%s; serving misses while it is down", error, _hint(error)
+            )
         self.stats.degraded = True
+
+
+def _hint(error: BaseException) -> str:
+    """What to check when Redis refuses us rather than being away."""
+    if isinstance(error, redis.exceptions.AuthenticationError):
+        return ": Redis refused the credentials (check --redis-username, --redis-password-file)"
+    text = str(error)
+    if isinstance(error, ssl.SSLError) or "SSL" in text or "certificate" in text:
+        return ": the TLS handshake failed (check the rediss:// URL and --redis-tls-* files)"
+    return ""
 
 
 def _close(operation: Awaitable[Any]) -> None:
