@@ -112,17 +112,28 @@ class RedisGuard:
         self.stats.num_errors += 1
         if self._breaker.failed(probe):
             log.warning(
-                "redis unavailable (%r)%s; serving misses while it is down", error, _hint(error)
+                "redis unavailable (%s: %s)%s; serving misses while it is down",
+                type(error).__name__,
+                error,
+                _hint(error),
             )
         self.stats.degraded = True
 
 
+# Words of the errors Redis and OpenSSL give when they refuse us (cluster mode wraps
+# them into a RedisClusterException's message, so the type alone does not tell).
+_AUTH_WORDS = ("username-password", "authenticat", "NOAUTH", "WRONGPASS")
+_TLS_WORDS = ("SSL", "TLS", "certificate")
+
+
 def _hint(error: BaseException) -> str:
     """What to check when Redis refuses us rather than being away."""
-    if isinstance(error, redis.exceptions.AuthenticationError):
-        return ": Redis refused the credentials (check --redis-username, --redis-password-file)"
     text = str(error)
-    if isinstance(error, ssl.SSLError) or "SSL" in text or "certificate" in text:
+    if isinstance(error, redis.exceptions.AuthenticationError) or any(
+        word in text for word in _AUTH_WORDS
+    ):
+        return ": Redis refused the credentials (check --redis-username, --redis-password-file)"
+    if isinstance(error, ssl.SSLError) or any(word in text for word in _TLS_WORDS):
         return ": the TLS handshake failed (check the rediss:// URL and --redis-tls-* files)"
     return ""
 
