@@ -111,7 +111,7 @@ class RedisStore:
             backoff_max_seconds,
             clock,
         )
-        self._guarded = self._guard.run
+        self._guarded = self._guard.run  # every Redis operation goes through the guard
         self._headers: OrderedDict[str, EntryHeader] = OrderedDict()
         self._client = make_client(connection, timeout_seconds, max_connections)
         self._release_script = self._client.register_script(_RELEASE_LUA)

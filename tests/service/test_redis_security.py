@@ -145,24 +145,14 @@ CREDENTIALS = ("Redis refused the credentials",)
 # or, when the close wins the race, a reset connection. Either way Redis is unavailable.
 CERTIFICATE = ("the TLS handshake failed", "Connection reset by peer", "Connection closed")
 
+Wrong = Callable[[RedisConnection, TlsFiles], RedisConnection]
 # case -> (what the encoder gets wrong, what the log may say about it)
-REFUSALS: dict[
-    str, tuple[Callable[[RedisConnection, TlsFiles], RedisConnection], tuple[str, ...]]
-] = {
-    "wrong password": (
-        lambda good, tls: replace(good, password=WRONG_PASSWORD),
-        CREDENTIALS,
-    ),
-    "unknown user": (
-        lambda good, tls: replace(good, username="mallory"),
-        CREDENTIALS,
-    ),
-    "no password": (
-        lambda good, tls: replace(good, username=None, password=None),
-        CREDENTIALS,
-    ),
+REFUSALS: dict[str, tuple[Wrong, tuple[str, ...]]] = {
+    "wrong password": (lambda good, _: replace(good, password=WRONG_PASSWORD), CREDENTIALS),
+    "unknown user": (lambda good, _: replace(good, username="mallory"), CREDENTIALS),
+    "no password": (lambda good, _: replace(good, username=None, password=None), CREDENTIALS),
     "no client certificate": (
-        lambda good, tls: replace(good, tls_cert_file=None, tls_key_file=None),
+        lambda good, _: replace(good, tls_cert_file=None, tls_key_file=None),
         CERTIFICATE,
     ),
     "client certificate of another CA": (
