@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 from encoder_service.memory_store import PinLimits
 from tessera.access import ANY_CALLER, AccessRules, add_allow_callers_flag, rules_from_args
-from tessera.config_common import add_common_flags, add_model_flags, config_from_args, env_default
+from tessera.config_common import (
+    Secret,
+    add_common_flags,
+    add_model_flags,
+    config_from_args,
+    env_default,
+)
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
 from tessera.tls import TlsFiles, add_tls_flags
@@ -49,6 +55,14 @@ class EncoderConfig:
     max_batch_pixels: int
     redis_url: str | None
     redis_cluster: bool
+    redis_username: str | None
+    redis_password_file: str | None
+    # From TESSERA_REDIS_PASSWORD (there is no flag: argv shows in `ps`).
+    redis_password: Secret | None
+    redis_tls_ca_file: str | None
+    redis_tls_cert_file: str | None
+    redis_tls_key_file: str | None
+    cache_mac_key_file: str | None
     redis_ttl_seconds: float
     redis_timeout_seconds: float
     redis_max_connections: int
@@ -159,6 +173,7 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis-cluster", action="store_true", help="--redis-url names a Redis Cluster node"
     )
+    add_redis_security_flags(parser)
     parser.add_argument(
         "--redis-ttl-seconds", type=float, default=3600.0, help="expiry of every cached item"
     )
@@ -191,4 +206,40 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1 << 20,
         help="target size of each streamed slice message",
+    )
+
+
+def add_redis_security_flags(parser: argparse.ArgumentParser) -> None:
+    """Who the encoder is to Redis, over what, and the key that authenticates entries.
+    Secrets come from files or the environment, never from argv."""
+    parser.add_argument(
+        "--redis-username", default=None, help="Redis ACL user (default: the default user)"
+    )
+    parser.add_argument(
+        "--redis-password-file",
+        default=None,
+        help="file holding the Redis password (e.g. a mounted Secret); or set env "
+        "TESSERA_REDIS_PASSWORD. Keep passwords out of --redis-url: argv shows in `ps`",
+    )
+    parser.set_defaults(redis_password=env_default("TESSERA_REDIS_PASSWORD", None, Secret))
+    parser.add_argument(
+        "--redis-tls-ca-file",
+        default=None,
+        help="CA certificate that signed the Redis server's (rediss:// URLs)",
+    )
+    parser.add_argument(
+        "--redis-tls-cert-file",
+        default=None,
+        help="client certificate for Redis servers that check clients (tls-auth-clients)",
+    )
+    parser.add_argument(
+        "--redis-tls-key-file", default=None, help="the client certificate's private key"
+    )
+    parser.add_argument(
+        "--cache-mac-key-file",
+        default=env_default("TESSERA_CACHE_MAC_KEY_FILE", None),
+        help="secret shared by every encoder (>= 32 bytes, e.g. `openssl rand -hex 32`): "
+        "Redis entries carry keyed MACs and an entry without a valid one is recomputed, "
+        "never served. Without it entries have unkeyed checksums, which anyone who can "
+        "write to Redis can forge (env TESSERA_CACHE_MAC_KEY_FILE)",
     )

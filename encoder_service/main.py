@@ -11,10 +11,13 @@ import torch
 from encoder_service.config import EncoderConfig, add_encoder_flags
 from encoder_service.encoder import EncoderCore, FleetSettings
 from encoder_service.memory_store import MemoryStore
+from encoder_service.redis_connection import redis_settings
+from encoder_service.redis_format import RowShape
 from encoder_service.servicer import CallLimits, EncoderServicer, metric_readings
-from tessera.adapters import LoadOptions, ModelPart, load_family
+from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.metrics import new_registry, serve_metrics
-from tessera.server import configure_logging, redact, serve, service_spec
+from tessera.server import configure_logging, serve, service_spec
+from tessera.tensor_codec import dtype_name
 from tessera.v1 import encoder_pb2_grpc
 
 
@@ -25,6 +28,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 async def run(config: EncoderConfig) -> None:
+    redis = redis_settings(config)
     limits = CallLimits(
         config.default_lease_ms,
         config.max_lease_ms,
@@ -43,16 +47,17 @@ async def run(config: EncoderConfig) -> None:
             load_family, config.model, options, config.model_fingerprint
         )
         shared = None
-        if config.redis_url:
+        if redis is not None:
             from encoder_service.redis_store import RedisStore
 
             shared = RedisStore(
-                config.redis_url,
+                redis.connection,
                 family.fingerprint,
                 ttl_seconds=config.redis_ttl_seconds,
                 timeout_seconds=config.redis_timeout_seconds,
                 max_connections=config.redis_max_connections,
-                cluster=config.redis_cluster,
+                mac=redis.mac,
+                row_shape=row_shape(family),
             )
             # Kept on the servicer: the task lives as long as the server.
             servicer.background.append(asyncio.create_task(shared.watch()))
@@ -77,7 +82,8 @@ async def run(config: EncoderConfig) -> None:
         return (
             f"family={family.name} fingerprint={family.fingerprint} device={config.device} "
             f"dtype={config.dtype} cache_bytes={config.cache_bytes} "
-            f"max_batch_items={config.max_batch_items} redis={redact(config.redis_url)} "
+            f"max_batch_items={config.max_batch_items} "
+            f"redis={redis.describe() if redis else 'off'} "
             f"replica={fleet.replica_id} metrics_port={config.metrics_port or 'off'}"
         )
 
@@ -87,6 +93,11 @@ async def run(config: EncoderConfig) -> None:
         lambda server: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, server),
         load,
     )
+
+
+def row_shape(family: ModelFamily) -> RowShape:
+    """What this encoder's rows are: a Redis entry that states another shape is refused."""
+    return RowShape(family.num_planes * family.hidden_size, dtype_name(family.dtype))
 
 
 def main(args: argparse.Namespace) -> None:

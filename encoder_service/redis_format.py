@@ -1,59 +1,63 @@
 """The Redis value of one item's embedding rows: a header, then the rows, in one string.
 
 One string per item means one SET writes it atomically, and any row range can be read
-with GETRANGE without reading the rest. The rows are checksummed in groups of
-`group_rows` rows, so a partial read can be verified on its own.
+with GETRANGE without reading the rest. The header and each group of `group_rows` rows
+carry a tag (`entry_mac`: a keyed MAC when encoders share a key, a checksum otherwise),
+so a partial read is verified on its own.
 
 Layout (all integers little-endian):
 
     offset  size  field
     0       4     magic b"TSEM"
-    4       2     format version (u16, currently 1)
+    4       2     format version (u16, currently 2)
     6       1     dtype code (u8): 1 float32, 2 float16, 3 bfloat16
-    7       2     group_rows (u16): rows per checksum group
+    7       2     group_rows (u16): rows per tag group
     9       4     num_rows (u32)
     13      4     hidden_size (u32)
     17      8     rows byte count (u64) = num_rows * hidden_size * itemsize
-    25      8*G   checksum table: one 8-byte BLAKE2b digest per row group, G groups
-    25+8G   ...   the rows, row-major, exactly `rows byte count` bytes
+    25      16    header tag: over the binding and the 25 bytes above
+    41      16*G  group tags: one per row group, G groups
+    41+16G  ...   the rows, row-major, exactly `rows byte count` bytes
 
-G = ceil(num_rows / group_rows); the last group may hold fewer rows. Group g's digest
-covers the binding bytes (the Redis key, so a value copied under another key fails), the
-25 fixed header bytes (so a changed dtype/shape fails even when sizes still agree, e.g.
+G = ceil(num_rows / group_rows); the last group may hold fewer rows. Group g's tag covers
+the binding bytes (the Redis key, so a value copied under another key fails), the 25
+fixed header bytes (so a changed dtype/shape fails even when sizes still agree, e.g.
 float16 <-> bfloat16), the group index (so a group moved to another slot fails) and the
-group's bytes.
+group's bytes. The header tag lets a reader trust the header (and the shape it states)
+before it reads any row.
+
+Version 1 (8-byte unkeyed digests, no header tag) is not read: its entries live under
+other Redis key names, so they are misses that expire with their TTL.
 
 Worked example: LLaVA-1.5-7B rows, 576 x 4096 float16 (row = 8192 bytes), group_rows 16:
 
-    G = 36 groups, header length = 25 + 36 * 8 = 313, value length = 313 + 4718592.
+    G = 36 groups, header length = 41 + 36 * 16 = 617, value length = 617 + 4718592.
     Rows [100, 130) lie in groups 6..8 (100 // 16 = 6, 129 // 16 = 8):
-      checksums: bytes 25 + 6*8 = 73 .. 25 + 9*8 - 1 = 96           (GETRANGE 73 96)
-      rows:      bytes 313 + 96*8192 = 786745 .. 313 + 144*8192 - 1 = 1179960
-                 (rows 96..143: 48 rows read and verified, rows 100..129 returned)
-    Rows [570, 576) lie in group 35, rows 560..575: bytes 4587833 .. 4718904.
+      tags: bytes 41 + 6*16 = 137 .. 41 + 9*16 - 1 = 184             (GETRANGE 137 184)
+      rows: bytes 617 + 96*8192 = 787049 .. 617 + 144*8192 - 1 = 1180264
+            (rows 96..143: 48 rows read and verified, rows 100..129 returned)
+    Rows [570, 576) lie in group 35, rows 560..575: bytes 4588137 .. 4719208.
 
 Pure functions only; nothing here touches Redis.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
 
+from encoder_service.entry_mac import MAC_BYTES, UNKEYED, EntryMac
 from tessera.tensor_codec import CodecError, RowBlock, check_block, itemsize
 
 MAGIC = b"TSEM"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_GROUP_ROWS = 16
-DIGEST_BYTES = 8
 
 _FIXED = struct.Struct("<4sHBHIIQ")
 FIXED_HEADER_BYTES = _FIXED.size  # 25
-_GROUP_INDEX = struct.Struct("<I")
-_LENGTH = struct.Struct("<Q")
-_PERSON = b"tessera-emb-v1"  # BLAKE2b personalization: these digests mean nothing elsewhere
+# What a reader fetches to learn, and trust, an entry's layout: fixed part + its tag.
+HEADER_BYTES = FIXED_HEADER_BYTES + MAC_BYTES  # 41
 
 DTYPE_CODES: dict[str, int] = {"float32": 1, "float16": 2, "bfloat16": 3}
 _DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
@@ -62,7 +66,16 @@ _MAX_U32 = (1 << 32) - 1
 
 
 class CorruptEntryError(ValueError):
-    """A stored value whose header, length or checksums are not consistent."""
+    """A stored value whose header, length, tags or shape are not what they must be."""
+
+
+@dataclass(frozen=True)
+class RowShape:
+    """What every row of the model's items is: `hidden_size` values of `dtype` (for
+    families with several planes, the whole row: planes * hidden size)."""
+
+    hidden_size: int
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ class EntryHeader:
 
     @property
     def header_length(self) -> int:
-        return FIXED_HEADER_BYTES + DIGEST_BYTES * self.num_groups
+        return HEADER_BYTES + MAC_BYTES * self.num_groups
 
     @property
     def value_length(self) -> int:
@@ -93,7 +106,7 @@ class EntryHeader:
         return self.header_length + self.rows_bytes
 
     def packed(self) -> bytes:
-        """The 25 fixed header bytes (what the checksums bind)."""
+        """The 25 fixed header bytes (what every tag binds)."""
         return _FIXED.pack(
             MAGIC,
             FORMAT_VERSION,
@@ -111,12 +124,13 @@ class EntryHeader:
 
 
 def header_length(header: EntryHeader) -> int:
-    """Bytes before the first row: the fixed part plus the checksum table."""
+    """Bytes before the first row: the fixed part, its tag and the group tags."""
     return header.header_length
 
 
 def parse_fixed_header(data: bytes) -> EntryHeader:
-    """The header in the first 25 bytes of `data` (more may follow), fully checked.
+    """The header fields in the first 25 bytes of `data` (more may follow), checked for
+    consistency only: nothing here says who wrote them (see `parse_header`).
 
     Raises CorruptEntryError on a short buffer, bad magic, unknown version or dtype,
     zero sizes, or a rows byte count that does not match the shape.
@@ -140,29 +154,45 @@ def parse_fixed_header(data: bytes) -> EntryHeader:
     return EntryHeader(dtype, group_rows, num_rows, hidden, rows_bytes)
 
 
-def _base_digest(header: EntryHeader, binding: bytes) -> hashlib.blake2b:
-    digest = hashlib.blake2b(digest_size=DIGEST_BYTES, person=_PERSON)
-    # Length-framed so (binding, header) pairs cannot run into each other.
-    digest.update(_LENGTH.pack(len(binding)))
-    digest.update(binding)
-    digest.update(header.packed())
-    return digest
+def parse_header(
+    data: bytes,
+    binding: bytes = b"",
+    mac: EntryMac = UNKEYED,
+    expected: RowShape | None = None,
+) -> EntryHeader:
+    """The header in the first 41 bytes of `data` (more may follow): consistent, its tag
+    right for `binding` under `mac`, and its rows of the `expected` shape.
 
-
-def _group_digest(base: hashlib.blake2b, group: int, group_bytes: bytes | memoryview) -> bytes:
-    digest = base.copy()
-    digest.update(_GROUP_INDEX.pack(group))
-    digest.update(group_bytes)
-    return digest.digest()
+    Raises CorruptEntryError otherwise. A tag made without the key fails here, before
+    any row is read.
+    """
+    if len(data) < HEADER_BYTES:
+        raise CorruptEntryError(f"value of {len(data)} bytes is shorter than the header")
+    header = parse_fixed_header(data)
+    stored = data[FIXED_HEADER_BYTES:HEADER_BYTES]
+    if not hmac.compare_digest(mac.header_tag(binding, header.packed()), stored):
+        raise CorruptEntryError(f"header {mac.kind} mismatch")
+    if expected is not None and (header.hidden_size, header.dtype) != (
+        expected.hidden_size,
+        expected.dtype,
+    ):
+        raise CorruptEntryError(
+            f"rows of {header.hidden_size} x {header.dtype}; the model's are "
+            f"{expected.hidden_size} x {expected.dtype}"
+        )
+    return header
 
 
 def encode_entry(
-    block: RowBlock, group_rows: int = DEFAULT_GROUP_ROWS, binding: bytes = b""
+    block: RowBlock,
+    group_rows: int = DEFAULT_GROUP_ROWS,
+    binding: bytes = b"",
+    mac: EntryMac = UNKEYED,
 ) -> bytes:
-    """The stored value of `block`: header, checksum table, rows.
+    """The stored value of `block`: header, its tag, the group tags, rows.
 
-    `binding` (e.g. the Redis key) is mixed into every checksum; pass the same bytes to
-    `verify_groups` / `decode_entry`.
+    `binding` (the Redis key) is mixed into every tag; pass the same bytes and `mac` to
+    `parse_header`, `verify_groups` and `decode_entry`.
     """
     check_block(block.dtype, (block.num_rows, block.hidden_size), len(block.data))
     if not 1 <= group_rows <= _MAX_U16:
@@ -172,14 +202,15 @@ def encode_entry(
     header = EntryHeader(
         block.dtype, group_rows, block.num_rows, block.hidden_size, len(block.data)
     )
-    base = _base_digest(header, binding)
+    fixed = header.packed()
+    tagger = mac.group_tagger(binding, fixed)
     rows = memoryview(block.data)
     group_bytes = group_rows * header.row_bytes
-    table = b"".join(
-        _group_digest(base, group, rows[group * group_bytes : (group + 1) * group_bytes])
+    tags = b"".join(
+        tagger.tag(group, rows[group * group_bytes : (group + 1) * group_bytes])
         for group in range(header.num_groups)
     )
-    return b"".join([header.packed(), table, block.data])
+    return b"".join([fixed, mac.header_tag(binding, fixed), tags, block.data])
 
 
 def row_range_for(header: EntryHeader, start: int, end: int) -> tuple[int, int, int, int]:
@@ -200,45 +231,45 @@ def row_range_for(header: EntryHeader, start: int, end: int) -> tuple[int, int, 
     return byte_start, byte_end, first_group, last_group
 
 
-def checksum_range_for(header: EntryHeader, first_group: int, last_group: int) -> tuple[int, int]:
-    """Inclusive byte range of the checksums of groups `first_group..last_group`."""
+def tag_range_for(header: EntryHeader, first_group: int, last_group: int) -> tuple[int, int]:
+    """Inclusive byte range of the tags of groups `first_group..last_group`."""
     if not 0 <= first_group <= last_group < header.num_groups:
         raise CodecError(f"groups {first_group}..{last_group} outside [0, {header.num_groups})")
-    start = FIXED_HEADER_BYTES + DIGEST_BYTES * first_group
-    return start, FIXED_HEADER_BYTES + DIGEST_BYTES * (last_group + 1) - 1
+    start = HEADER_BYTES + MAC_BYTES * first_group
+    return start, HEADER_BYTES + MAC_BYTES * (last_group + 1) - 1
 
 
 def verify_groups(
     header: EntryHeader,
-    checksums: bytes,
+    tags: bytes,
     group_bytes: bytes,
     first_group: int,
     binding: bytes = b"",
+    mac: EntryMac = UNKEYED,
 ) -> None:
-    """Checks consecutive groups starting at `first_group` against their checksums.
+    """Checks consecutive groups starting at `first_group` against their tags.
 
-    `checksums` holds one digest per group; `group_bytes` the groups' rows back to back
-    and nothing else. Raises CorruptEntryError on any length or digest mismatch.
+    `tags` holds one tag per group; `group_bytes` the groups' rows back to back and
+    nothing else. Raises CorruptEntryError on any length or tag mismatch.
     """
-    num, remainder = divmod(len(checksums), DIGEST_BYTES)
+    num, remainder = divmod(len(tags), MAC_BYTES)
     if remainder or num == 0 or not 0 <= first_group <= first_group + num <= header.num_groups:
         raise CorruptEntryError(
-            f"{len(checksums)} checksum bytes do not name groups from {first_group} "
-            f"of {header.num_groups}"
+            f"{len(tags)} tag bytes do not name groups from {first_group} of {header.num_groups}"
         )
     first_row = header.group_rows_range(first_group)[0]
     end_row = header.group_rows_range(first_group + num - 1)[1]
     expected = (end_row - first_row) * header.row_bytes
     if len(group_bytes) != expected:
         raise CorruptEntryError(f"{len(group_bytes)} group bytes, expected {expected}")
-    base = _base_digest(header, binding)
+    tagger = mac.group_tagger(binding, header.packed())
     view = memoryview(group_bytes)
     size = header.group_rows * header.row_bytes
     for i in range(num):
-        actual = _group_digest(base, first_group + i, view[i * size : (i + 1) * size])
-        stored = checksums[i * DIGEST_BYTES : (i + 1) * DIGEST_BYTES]
+        actual = tagger.tag(first_group + i, view[i * size : (i + 1) * size])
+        stored = tags[i * MAC_BYTES : (i + 1) * MAC_BYTES]
         if not hmac.compare_digest(actual, stored):
-            raise CorruptEntryError(f"checksum mismatch in row group {first_group + i}")
+            raise CorruptEntryError(f"{mac.kind} mismatch in row group {first_group + i}")
 
 
 def rows_from_groups(
@@ -253,13 +284,19 @@ def rows_from_groups(
     return RowBlock(header.dtype, end - start, header.hidden_size, data)
 
 
-def decode_entry(data: bytes, binding: bytes = b"") -> RowBlock:
-    """The whole stored value back to a RowBlock: exact length, every group verified."""
-    header = parse_fixed_header(data)
+def decode_entry(
+    data: bytes,
+    binding: bytes = b"",
+    mac: EntryMac = UNKEYED,
+    expected: RowShape | None = None,
+) -> RowBlock:
+    """The whole stored value back to a RowBlock: header and every group verified, exact
+    length, rows of the expected shape."""
+    header = parse_header(data, binding, mac, expected)
     if len(data) != header.value_length:
         raise CorruptEntryError(f"value is {len(data)} bytes, header says {header.value_length}")
     view = memoryview(data)
-    checksums = bytes(view[FIXED_HEADER_BYTES : header.header_length])
+    tags = bytes(view[HEADER_BYTES : header.header_length])
     rows = bytes(view[header.header_length :])
-    verify_groups(header, checksums, rows, 0, binding)
+    verify_groups(header, tags, rows, 0, binding, mac)
     return RowBlock(header.dtype, header.num_rows, header.hidden_size, rows)

@@ -1,16 +1,16 @@
 """The encoder fleet's shared cache (L2): embedding rows in Redis, one key per item.
 
-Values use `redis_format` (header, per-group checksums, rows), so `get_rows` reads only
-the groups covering the rows asked for. Every key has a TTL.
+Values use `redis_format` (header, per-group tags, rows), so `get_rows` reads only the
+groups covering the rows asked for. Every key has a TTL. Tags are keyed MACs when the
+encoders share a key (`entry_mac`): an entry written by anyone without it is never
+served. Headers must also state the model's row width and dtype.
 
 Redis is an optimization, never a dependency (invariant 5): every public method returns
-a miss (None/False) instead of raising when Redis is slow, down or misbehaving. After a
-connection or timeout error the store is *degraded*: for a backoff period (0.5 s doubling
-to 5 s by default) calls return misses without touching Redis, so a dead Redis costs one
-timeout per period, not one per call, and no reconnect storm; then one call probes.
+a miss (None/False) instead of raising when Redis is slow, down, refuses us or
+misbehaves (`redis_guard`: a breaker with backoff, a deadline per call).
 
-Corrupt values (bad header, wrong length, checksum mismatch) are misses, are deleted so
-they get recomputed, and are counted (invariant 4).
+Corrupt values (bad header, wrong length, tag mismatch, another shape than the model's)
+are misses, are deleted so they get recomputed, and are counted (invariant 4).
 
 Cross-replica single-flight (invariant 2): `try_lease` takes a short-lived lease key with
 SET NX PX; the owner computes and `put`s, then `release_lease`s; others `wait_for` the
@@ -23,45 +23,38 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable
 
-import redis.asyncio as aioredis
-import redis.exceptions
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-
-from encoder_service.breaker import CircuitBreaker
+from encoder_service.entry_mac import UNKEYED, EntryMac
+from encoder_service.redis_connection import RedisConnection, make_client
 from encoder_service.redis_format import (
     DEFAULT_GROUP_ROWS,
-    FIXED_HEADER_BYTES,
+    HEADER_BYTES,
     CorruptEntryError,
     EntryHeader,
-    checksum_range_for,
+    RowShape,
     decode_entry,
     encode_entry,
     parse_fixed_header,
+    parse_header,
     row_range_for,
     rows_from_groups,
+    tag_range_for,
     verify_groups,
 )
+from encoder_service.redis_guard import RedisGuard, RedisStoreStats
 from tessera.tensor_codec import CodecError, RowBlock
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-KEY_PREFIX = "tessera:emb:v1"
+# v2: the redis_format version 2 layout (16-byte tags, a tagged header). Entries of the
+# v1 layout live under v1 names, so they are never read: misses that expire by TTL.
+KEY_PREFIX = "tessera:emb:v2"
 LEASE_PREFIX = "tessera:lease:v1"
 HEADER_CACHE_ENTRIES = 10_000
 # wait_for polls at 10 ms, doubling to 200 ms: fast for short encodes, cheap for long ones.
 POLL_START_S = 0.010
 POLL_MAX_S = 0.200
-# redis-py's own retries: for quick transient failures (a pooled connection the server
-# closed); the per-call deadline still bounds the total time.
-CLIENT_RETRIES = 2
 
 # Deletes the lease only if `owner` still holds it; GET then DEL from the client would
 # race with the lease expiring and another owner taking it in between.
@@ -79,67 +72,57 @@ end
 return 0
 """
 
-# Errors that mean "Redis is unreachable or too slow": they trip the breaker.
-_DOWN_ERRORS: tuple[type[BaseException], ...] = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    asyncio.TimeoutError,  # our per-call deadline (the builtin TimeoutError on 3.11+)
-    OSError,
-    redis.exceptions.ClusterError,  # includes CLUSTERDOWN
-    redis.exceptions.RedisClusterException,  # e.g. no node reachable to learn the slots
-)
-
-
-@dataclass
-class RedisStoreStats:
-    num_hits: int = 0
-    num_misses: int = 0
-    num_corrupt: int = 0
-    num_errors: int = 0
-    num_writes: int = 0
-    num_bytes_read: int = 0
-    degraded: bool = False
-
 
 class RedisStore:
     """content_hash -> RowBlock in Redis, with row-range reads, leases and a breaker."""
 
     def __init__(
         self,
-        url: str,
+        connection: RedisConnection,
         model_fingerprint: str,
         ttl_seconds: float,
         timeout_seconds: float,
         max_connections: int,
-        cluster: bool = False,
         *,
+        mac: EntryMac = UNKEYED,
+        row_shape: RowShape | None = None,
         backoff_start_seconds: float = 0.5,
         backoff_max_seconds: float = 5.0,
         group_rows: int = DEFAULT_GROUP_ROWS,
         clock: Callable[[], float] = time.monotonic,
     ):
+        """`mac` tags what is written and checks what is read; `row_shape` is the
+        model's row (an entry of another width or dtype is corrupt; None: unchecked)."""
         if not model_fingerprint:
             raise ValueError("model_fingerprint must be non-empty")
         if ttl_seconds <= 0 or timeout_seconds <= 0 or max_connections < 1:
             raise ValueError("ttl_seconds and timeout_seconds must be > 0, max_connections >= 1")
         self.model_fingerprint = model_fingerprint
         self.ttl_ms = max(1, round(ttl_seconds * 1000))
-        self.timeout_seconds = timeout_seconds
         self.group_rows = group_rows
+        self.mac = mac
+        self.row_shape = row_shape
         self.stats = RedisStoreStats()
-        self._breaker = CircuitBreaker(backoff_start_seconds, backoff_max_seconds, clock)
-        # Bounds concurrent commands to the pool size: redis-py's pools raise (not wait)
-        # when exhausted, which would look like Redis being down.
-        self._slots = asyncio.Semaphore(max_connections)
+        self._guard = RedisGuard(
+            self.stats,
+            timeout_seconds,
+            max_connections,
+            backoff_start_seconds,
+            backoff_max_seconds,
+            clock,
+        )
+        self._guarded = self._guard.run  # every Redis operation goes through the guard
         self._headers: OrderedDict[str, EntryHeader] = OrderedDict()
-        self._client = _make_client(url, timeout_seconds, max_connections, cluster)
+        self._client = make_client(connection, timeout_seconds, max_connections)
         self._release_script = self._client.register_script(_RELEASE_LUA)
         self._renew_script = self._client.register_script(_RENEW_LUA)
 
     # -- keys -------------------------------------------------------------------------
 
     def key(self, content_hash: str) -> str:
-        return f"{KEY_PREFIX}:{self.model_fingerprint}:{content_hash}"
+        """The entry's name; its MAC binds it. The key id keeps encoders with other MAC
+        keys (or none) apart instead of deleting each other's entries."""
+        return f"{KEY_PREFIX}:{self.mac.key_id}:{self.model_fingerprint}:{content_hash}"
 
     def lease_key(self, content_hash: str) -> str:
         return f"{LEASE_PREFIX}:{self.model_fingerprint}:{content_hash}"
@@ -157,7 +140,9 @@ class RedisStore:
         self.stats.num_bytes_read += len(value)
         try:
             # Hashing megabytes takes milliseconds; BLAKE2b releases the GIL meanwhile.
-            block = await asyncio.to_thread(decode_entry, value, key.encode())
+            block = await asyncio.to_thread(
+                decode_entry, value, key.encode(), self.mac, self.row_shape
+            )
         except CorruptEntryError as error:
             self._note_corrupt(content_hash, error)
             await self._guarded(self._client.delete(key), 0)
@@ -181,7 +166,9 @@ class RedisStore:
         """Stores the item with the TTL; False if Redis is unavailable."""
         _check_hash(content_hash)
         key = self.key(content_hash)
-        value = await asyncio.to_thread(encode_entry, block, self.group_rows, key.encode())
+        value = await asyncio.to_thread(
+            encode_entry, block, self.group_rows, key.encode(), self.mac
+        )
         stored = await self._guarded(self._set(key, value), False)
         if stored:
             self.stats.num_writes += 1
@@ -270,15 +257,16 @@ class RedisStore:
             return None
 
     async def _read_header(self, content_hash: str) -> EntryHeader | None:
-        """The fixed header, or None if the key is missing; CorruptEntryError if bad."""
+        """The verified header, or None if the key is missing; CorruptEntryError if bad."""
+        key = self.key(content_hash)
         pipe = self._client.pipeline(transaction=True)
-        pipe.strlen(self.key(content_hash))
-        pipe.getrange(self.key(content_hash), 0, FIXED_HEADER_BYTES - 1)
-        length, fixed = await pipe.execute()
-        self.stats.num_bytes_read += len(fixed)
+        pipe.strlen(key)
+        pipe.getrange(key, 0, HEADER_BYTES - 1)
+        length, head = await pipe.execute()
+        self.stats.num_bytes_read += len(head)
         if length == 0:
             return None
-        header = parse_fixed_header(fixed)
+        header = self._parse(key, head)
         if length != header.value_length:
             raise CorruptEntryError(f"value is {length} bytes, header says {header.value_length}")
         return header
@@ -288,34 +276,36 @@ class RedisStore:
     ) -> RowBlock | None:
         """Reads and verifies the groups covering `[start, end)` in one atomic round trip.
 
-        Raises _Stale when the value's length, fixed header or checksums disagree with
-        `header`.
+        Raises _Stale when the value's length, header or tags disagree with `header`.
         """
         if end > header.num_rows:
             raise CodecError(f"rows [{start}, {end}) outside [0, {header.num_rows})")
         byte_start, byte_end, first_group, last_group = row_range_for(header, start, end)
-        sums_start, sums_end = checksum_range_for(header, first_group, last_group)
+        tags_start, tags_end = tag_range_for(header, first_group, last_group)
         key = self.key(content_hash)
-        # MULTI/EXEC: length, header, checksums and rows come from one version of the
-        # value. Re-reading the 25 fixed bytes costs no round trip and means a cached
-        # header never hides a damaged or rewritten one.
+        # MULTI/EXEC: length, header, tags and rows come from one version of the value.
+        # Re-reading the 41 header bytes costs no round trip and means a cached header
+        # never hides a damaged or rewritten one.
         pipe = self._client.pipeline(transaction=True)
         pipe.strlen(key)
-        pipe.getrange(key, 0, FIXED_HEADER_BYTES - 1)
-        pipe.getrange(key, sums_start, sums_end)
+        pipe.getrange(key, 0, HEADER_BYTES - 1)
+        pipe.getrange(key, tags_start, tags_end)
         pipe.getrange(key, byte_start, byte_end)
-        length, fixed, checksums, groups = await pipe.execute()
-        self.stats.num_bytes_read += len(fixed) + len(checksums) + len(groups)
+        length, head, tags, groups = await pipe.execute()
+        self.stats.num_bytes_read += len(head) + len(tags) + len(groups)
         if length == 0:
             self._forget(content_hash)
             return None
-        if length != header.value_length or fixed != header.packed():
-            raise _Stale(f"value of {length} bytes no longer matches its header")
         try:
-            verify_groups(header, checksums, groups, first_group, key.encode())
+            if length != header.value_length or self._parse(key, head) != header:
+                raise _Stale(f"value of {length} bytes no longer matches its header")
+            verify_groups(header, tags, groups, first_group, key.encode(), self.mac)
         except CorruptEntryError as error:
             raise _Stale(str(error)) from error
         return rows_from_groups(header, groups, first_group, start, end)
+
+    def _parse(self, key: str, head: bytes) -> EntryHeader:
+        return parse_header(head, key.encode(), self.mac, self.row_shape)
 
     async def _set(self, key: str, value: bytes) -> bool:
         return bool(await self._client.set(key, value, px=self.ttl_ms))
@@ -338,51 +328,7 @@ class RedisStore:
             return "ready"
         return "waiting" if leased else "abandoned"
 
-    # -- plumbing ------------------------------------------------------------------------
-
-    async def _guarded(self, operation: Awaitable[T], default: T) -> T:
-        """Runs one Redis operation under the breaker, the deadline and the slot limit."""
-        probe = self._breaker.admit()
-        if probe is None:
-            _close(operation)
-            return default
-        verdict_given = False
-        try:
-            # Waiting for a free slot is outside the deadline: a busy pool is load, not
-            # Redis failing, and must not trip the breaker. Each holder is bounded by it.
-            async with self._slots:
-                result = await asyncio.wait_for(operation, self.timeout_seconds)
-            self._on_up()
-            verdict_given = True
-            return result
-        except _DOWN_ERRORS as error:
-            self._on_down(error, probe)
-            verdict_given = True
-            return default
-        except redis.exceptions.RedisError as error:
-            # A command error (OOM on SET, a non-string at our key): Redis answered, so
-            # count it but keep the store up for everyone else.
-            self.stats.num_errors += 1
-            log.warning("redis command failed: %s", error)
-            self._on_up()
-            verdict_given = True
-            return default
-        finally:
-            if not verdict_given:
-                self._breaker.abandoned(probe)
-                _close(operation)
-
-    def _on_up(self) -> None:
-        if self._breaker.down:
-            log.warning("redis reachable again")
-        self._breaker.succeeded()
-        self.stats.degraded = False
-
-    def _on_down(self, error: BaseException, probe: bool) -> None:
-        self.stats.num_errors += 1
-        if self._breaker.failed(probe):
-            log.warning("redis unavailable (%r); serving misses while it is down", error)
-        self.stats.degraded = True
+    # -- bookkeeping ---------------------------------------------------------------------
 
     def _count(self, block: RowBlock | None) -> RowBlock | None:
         if block is None:
@@ -411,28 +357,6 @@ class _Stale(Exception):
     """A value that disagrees with the header used to read it."""
 
 
-def _make_client(
-    url: str, timeout_seconds: float, max_connections: int, cluster: bool
-) -> aioredis.Redis | RedisCluster:
-    """A lazily connecting client: nothing touches the network until the first command."""
-    options: dict[str, Any] = {
-        "socket_timeout": timeout_seconds,
-        "socket_connect_timeout": timeout_seconds,
-        "max_connections": max_connections,
-        "retry": Retry(ExponentialBackoff(cap=0.1, base=0.01), CLIENT_RETRIES),
-    }
-    if cluster:
-        return RedisCluster.from_url(url, **options)
-    return aioredis.from_url(url, **options)
-
-
 def _check_hash(content_hash: str) -> None:
     if not isinstance(content_hash, str) or not content_hash:
         raise ValueError(f"content_hash must be a non-empty str, got {content_hash!r}")
-
-
-def _close(operation: Awaitable[Any]) -> None:
-    # An operation never awaited must be closed, or Python warns it was never awaited.
-    close = getattr(operation, "close", None)
-    if close is not None:
-        close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -16,6 +17,13 @@ def env_default(name: str, default: T, parse: Callable[[str], T] = str) -> T:  #
     """`parse(os.environ[name])` if set, else `default`."""
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else parse(raw)
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A value kept out of every repr (logs, tracebacks, argparse namespaces)."""
+
+    value: str = field(repr=False)
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:

@@ -6,16 +6,21 @@ own parsers accept."""
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import io
 import os
+import re
 from collections.abc import Callable, Iterator
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from tests.deploy.k8s import (
     K8S,
+    ROOT,
     SERVICES,
     Obj,
     Pod,
@@ -241,8 +246,11 @@ def test_callers_discover_replicas_through_the_headless_services(rendered, calle
 def test_encoders_share_the_redis_service(rendered: Rendered):
     url = parsed_service(rendered, "encoder").redis_url
     assert url, "encoders run with --redis-url"
-    host_port = url.removeprefix("redis://").split("/", 1)[0]
-    host, port = host_port.rsplit(":", 1)
+    parts = urlsplit(url)
+    assert parts.username is None and parts.password is None, (
+        f"{rendered.name}: credentials in the Redis URL ({url}) show in ConfigMaps and `ps`"
+    )
+    host, port = parts.hostname, parts.port
     svc = rendered.get("Service", host)
     redis = rendered.get("StatefulSet", "tessera-redis")
     assert (
@@ -466,7 +474,7 @@ def test_redis_is_a_bounded_lru_cache_without_persistence(rendered: Rendered):
     assert "volumeClaimTemplates" not in redis["spec"], "a cache: nothing to persist"
     container = main_container(redis)
     args = container_args(rendered, container)
-    assert container.get("command") == ["redis-server"]
+    assert redis_server_script(container), "runs redis-server with the args below"
     assert flag_value(args, "--maxmemory-policy") == "allkeys-lru"
     assert flag_value(args, "--save") == "", "no RDB snapshots"
     assert flag_value(args, "--appendonly") == "no", "no AOF"
@@ -584,3 +592,96 @@ def test_network_policies_allow_exactly_the_paths_tessera_uses(rendered: Rendere
     for pod in (encoder, decoder):
         assert reachable(policies, pods["outsider"], pod, 9100), f"{pod.name}: /metrics"
     assert not reachable(policies, pods["outsider"], cache, 9100)
+
+
+# --- secrets ------------------------------------------------------------------------------------
+
+SECRET_MARK = "<secret>"  # what container_env puts for a variable from a secretKeyRef
+
+
+def redis_server_script(container: Obj) -> str:
+    """The shell script that execs redis-server with the container's args plus config on
+    stdin (`sh -c SCRIPT redis-server ARGS...`), or "" if the container runs otherwise."""
+    command = container.get("command", [])
+    if command[:2] != ["sh", "-c"] or command[3:] != ["redis-server"]:
+        return ""
+    script = command[2]
+    return script if re.search(r'^exec redis-server "\$@" - <<', script, re.M) else ""
+
+
+def secret_mount(rendered: Rendered, workload: Obj, container: Obj, path: str) -> tuple[str, str]:
+    """(Secret name, key) of the file at `path`, which must come from a read-only mount of
+    a Secret volume."""
+    where = f"{rendered.name}: {workload['metadata']['name']} reads {path}"
+    file = PurePosixPath(path)
+    mounts = [
+        m for m in container.get("volumeMounts", []) if PurePosixPath(m["mountPath"]) == file.parent
+    ]
+    assert len(mounts) == 1, f"{where}: no volume mounted at {file.parent}"
+    (mount,) = mounts
+    assert mount.get("readOnly") is True, f"{where}: mount it read-only"
+    volume = next(v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"])
+    assert "secret" in volume, f"{where}: not from a Secret"
+    items = {item["path"]: item["key"] for item in volume["secret"].get("items", [])}
+    return volume["secret"]["secretName"], items.get(file.name, file.name)
+
+
+def secret_values(rendered: Rendered) -> list[str]:
+    values = []
+    for secret in rendered.kind("Secret"):
+        values += [base64.b64decode(v).decode() for v in secret.get("data", {}).values()]
+        values += list(secret.get("stringData", {}).values())
+    return values
+
+
+def test_redis_requires_the_password_from_a_secret_with_protected_mode_on(rendered: Rendered):
+    redis = rendered.get("StatefulSet", "tessera-redis")
+    container = main_container(redis)
+    args = container_args(rendered, container)
+    assert flag_value(args, "--protected-mode") == "yes"
+    script = redis_server_script(container)
+    match = re.search(r'^requirepass "\$\(cat (\S+)\)"$', script, re.M)
+    assert match, f"{rendered.name}: redis-server gets no requirepass from a file:\n{script}"
+    redis_secret = secret_mount(rendered, redis, container, match.group(1))
+    # The readiness probe authenticates from the same file.
+    probe = " ".join(container["readinessProbe"]["exec"]["command"])
+    assert f'REDISCLI_AUTH="$(cat {match.group(1)})"' in probe and "grep -q PONG" in probe
+    encoder = rendered.workload("encoder")
+    parsed = parsed_service(rendered, "encoder")
+    encoder_container = main_container(encoder)
+    assert secret_mount(rendered, encoder, encoder_container, parsed.redis_password_file) == (
+        redis_secret
+    ), "the encoders' password file is the one Redis requires"
+    mac_secret = secret_mount(rendered, encoder, encoder_container, parsed.cache_mac_key_file)
+    assert mac_secret[0] != redis_secret[0], "the MAC key is a Secret of its own"
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    for name, key in (redis_secret, mac_secret):
+        generated = any(s["metadata"]["name"] == name for s in rendered.kind("Secret"))
+        documented = f"create secret generic {name} --from-file={key}=" in readme
+        assert generated or documented, (
+            f"{rendered.name}: Secret {name} is neither generated nor documented for operators"
+        )
+
+
+def test_no_secret_in_a_config_map_an_argument_or_a_plain_variable(rendered: Rendered):
+    """Secrets reach processes as files (or a probe's environment), never through argv
+    (`ps`), ConfigMaps or plain env values."""
+    parsed = parsed_service(rendered, "encoder")
+    assert parsed.redis_password_file and parsed.cache_mac_key_file, "secrets come as files"
+    secrets = secret_values(rendered)
+    assert all(len(value) >= 16 for value in secrets), "no trivially short secrets"
+    for config_map in rendered.kind("ConfigMap"):
+        for key, value in config_map.get("data", {}).items():
+            where = f"{rendered.name}: ConfigMap {config_map['metadata']['name']} {key}"
+            assert not any(secret in value for secret in secrets), where
+            assert not re.search(r"PASSWORD|SECRET|MAC_KEY", key), f"{where}: a secret's name"
+    for workload in rendered.workloads():
+        for container in all_containers(workload):
+            where = f"{rendered.name}: {workload['metadata']['name']}/{container['name']}"
+            argv = [*container.get("command", []), *container_args(rendered, container)]
+            probe = container.get("readinessProbe", {}).get("exec", {}).get("command", [])
+            plain = [e["value"] for e in container.get("env", []) if "value" in e]
+            for text in [*argv, *probe, *plain]:
+                assert SECRET_MARK not in text, f"{where}: a secretKeyRef expanded into argv"
+                assert not any(secret in text for secret in secrets), f"{where}: {text!r}"
+            assert flag_value(argv, "--requirepass") is None, f"{where}: a password in argv"

@@ -127,7 +127,7 @@ def test_a_corrupt_entry_is_recomputed_never_served(fleet):
     stub(fleet, "enc-a").Encode(request)
     good = rows_of(fleet, "enc-a", item.content_hash, 0, 16)
     with fleet.redis.client() as raw:
-        (key,) = raw.keys(f"tessera:emb:v1:*:{item.content_hash}")
+        (key,) = raw.keys(f"tessera:emb:v2:*:{item.content_hash}")
         value = bytearray(raw.get(key))
         value[-5] ^= 0xFF  # a flipped byte in the rows (one group of 16 here)
         raw.set(key, bytes(value), px=60_000)

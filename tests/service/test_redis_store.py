@@ -20,8 +20,10 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
+from encoder_service.entry_mac import MAC_BYTES
+from encoder_service.redis_connection import RedisConnection
 from encoder_service.redis_format import (
-    FIXED_HEADER_BYTES,
+    HEADER_BYTES,
     encode_entry,
     parse_fixed_header,
     row_range_for,
@@ -54,18 +56,24 @@ def raw() -> Iterator[redis.Redis]:
 def fingerprint(raw: redis.Redis) -> Iterator[str]:
     name = f"test-{uuid.uuid4().hex}"
     yield name
-    for key in raw.scan_iter(match=f"tessera:*:v1:{name}:*"):
+    for key in raw.scan_iter(match=f"tessera:*:{name}:*"):
         raw.delete(key)
 
 
-def make_store(fingerprint: str, url: str = SHARED_URL, **options: Any) -> RedisStore:
+def make_store(
+    fingerprint: str,
+    url: str = SHARED_URL,
+    cluster: bool = False,
+    connection: RedisConnection | None = None,
+    **options: Any,
+) -> RedisStore:
     settings: dict[str, Any] = {
         "ttl_seconds": 60,
         "timeout_seconds": 1.0,
         "max_connections": 8,
     }
     settings.update(options)
-    return RedisStore(url, fingerprint, **settings)
+    return RedisStore(connection or RedisConnection(url, cluster), fingerprint, **settings)
 
 
 def with_store(fingerprint: str, body: Callable[[RedisStore], Awaitable[T]], **options: Any) -> T:
@@ -101,12 +109,12 @@ RANGES = {"start": (0, 10), "middle": (500, 530), "end": (990, 1000), "boundary"
 
 
 def expected_bytes_read(block: RowBlock, start: int, end: int, cached_header: bool) -> int:
-    """The fixed header (twice unless cached: once to learn the layout, once with the
-    rows to check it is unchanged) + the covering groups' digests + their rows."""
+    """The header and its tag (twice unless cached: once to learn the layout, once with
+    the rows to check it is unchanged) + the covering groups' tags + their rows."""
     header = parse_fixed_header(encode_entry(block))
     byte_start, byte_end, first, last = row_range_for(header, start, end)
-    header_bytes = FIXED_HEADER_BYTES * (1 if cached_header else 2)
-    return header_bytes + 8 * (last - first + 1) + byte_end - byte_start + 1
+    header_bytes = HEADER_BYTES * (1 if cached_header else 2)
+    return header_bytes + MAC_BYTES * (last - first + 1) + byte_end - byte_start + 1
 
 
 @pytest.mark.parametrize("name", list(RANGES))
@@ -178,7 +186,7 @@ def test_every_key_has_a_ttl(fingerprint: str, raw: redis.Redis) -> None:
         await store.try_lease("other", "me", 5000)
 
     with_store(fingerprint, body, ttl_seconds=30)
-    keys = list(raw.scan_iter(match=f"tessera:*:v1:{fingerprint}:*"))
+    keys = list(raw.scan_iter(match=f"tessera:*:{fingerprint}:*"))
     assert len(keys) == 2
     ttls = {key.decode().split(":")[1]: raw.pttl(key) for key in keys}
     assert 0 < ttls["emb"] <= 30_000
@@ -194,7 +202,7 @@ def corrupt_value(good: bytes, kind: str, other: bytes) -> bytes:
     if kind == "flipped row byte":
         value[header.header_length + 12 * header.row_bytes + 3] ^= 0x10  # row 12, group 1
     elif kind == "flipped checksum byte":
-        value[FIXED_HEADER_BYTES + 8 + 2] ^= 0x01  # group 1's digest
+        value[HEADER_BYTES + MAC_BYTES + 2] ^= 0x01  # group 1's tag
     elif kind == "truncated":
         del value[-5:]
     elif kind == "wrong dtype byte":

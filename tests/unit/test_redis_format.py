@@ -1,5 +1,6 @@
-"""The Redis value format: exact byte offsets for row-range reads, and every kind of damage
-detected (invariant 4). Pure: no Redis here."""
+"""The Redis value format: exact byte offsets for row-range reads, every kind of damage
+detected (invariant 4), keyed MACs that no one without the key can forge, and the
+model's row shape enforced. Pure: no Redis here."""
 
 from __future__ import annotations
 
@@ -9,23 +10,26 @@ import struct
 import pytest
 import torch
 
+from encoder_service.entry_mac import MAC_BYTES, EntryMac
 from encoder_service.redis_format import (
-    DIGEST_BYTES,
     FIXED_HEADER_BYTES,
+    HEADER_BYTES,
     CorruptEntryError,
     EntryHeader,
-    checksum_range_for,
     decode_entry,
     encode_entry,
     header_length,
     parse_fixed_header,
+    parse_header,
     row_range_for,
     rows_from_groups,
+    tag_range_for,
     verify_groups,
 )
 from tessera.tensor_codec import CodecError, RowBlock, encode_rows
 
-KEY = b"tessera:emb:v1:fp:abc"
+KEY = b"tessera:emb:v2:open:fp:abc"
+UNKEYED = EntryMac()
 
 
 def block_of(num_rows: int, hidden: int, dtype: str = "float16", seed: int = 0) -> RowBlock:
@@ -39,13 +43,15 @@ def read_range(value: bytes, start: int, end_inclusive: int) -> bytes:
     return value[start : end_inclusive + 1]
 
 
-def partial_read(value: bytes, start: int, end: int, binding: bytes = KEY) -> RowBlock:
+def partial_read(
+    value: bytes, start: int, end: int, binding: bytes = KEY, mac: EntryMac = UNKEYED
+) -> RowBlock:
     """get_rows' read path on an in-memory value."""
-    header = parse_fixed_header(value[:FIXED_HEADER_BYTES])
+    header = parse_header(value[:HEADER_BYTES], binding, mac)
     byte_start, byte_end, first, last = row_range_for(header, start, end)
-    sums = read_range(value, *checksum_range_for(header, first, last))
+    tags = read_range(value, *tag_range_for(header, first, last))
     groups = read_range(value, byte_start, byte_end)
-    verify_groups(header, sums, groups, first, binding)
+    verify_groups(header, tags, groups, first, binding, mac)
     return rows_from_groups(header, groups, first, start, end)
 
 
@@ -64,17 +70,18 @@ def test_layout_matches_the_documented_example() -> None:
     """576 x 4096 float16, groups of 16: the numbers in the module docstring."""
     header = EntryHeader("float16", 16, 576, 4096, 576 * 4096 * 2)
     assert header.num_groups == 36
-    assert header_length(header) == 313
-    assert row_range_for(header, 100, 130) == (786745, 1179960, 6, 8)
-    assert checksum_range_for(header, 6, 8) == (73, 96)
-    assert row_range_for(header, 570, 576) == (4587833, 4718904, 35, 35)
+    assert header_length(header) == 617
+    assert row_range_for(header, 100, 130) == (787049, 1180264, 6, 8)
+    assert tag_range_for(header, 6, 8) == (137, 184)
+    assert row_range_for(header, 570, 576) == (4588137, 4719208, 35, 35)
 
 
 def test_fixed_header_bytes() -> None:
     value = encode_entry(block_of(3, 2, "bfloat16"), group_rows=2)
-    assert value[:FIXED_HEADER_BYTES] == struct.pack("<4sHBHIIQ", b"TSEM", 1, 3, 2, 3, 2, 12)
-    # 2 groups -> 2 digests, then the rows
-    assert len(value) == FIXED_HEADER_BYTES + 2 * DIGEST_BYTES + 12
+    assert value[:FIXED_HEADER_BYTES] == struct.pack("<4sHBHIIQ", b"TSEM", 2, 3, 2, 3, 2, 12)
+    # the header's tag, 2 groups -> 2 tags, then the rows
+    assert HEADER_BYTES == FIXED_HEADER_BYTES + MAC_BYTES == 41
+    assert len(value) == HEADER_BYTES + 2 * MAC_BYTES + 12
 
 
 # (start, end) -> expected (first_group, last_group) for 50 rows in groups of 16
@@ -96,7 +103,7 @@ def test_row_ranges_read_exactly_their_groups(name: str) -> None:
     block = block_of(50, 6, "float32")  # row = 24 bytes
     value = encode_entry(block, group_rows=16, binding=KEY)
     header = parse_fixed_header(value)
-    hl = FIXED_HEADER_BYTES + 4 * DIGEST_BYTES
+    hl = HEADER_BYTES + 4 * MAC_BYTES
     assert header_length(header) == hl
     byte_start, byte_end, first_group, last_group = row_range_for(header, start, end)
     assert (first_group, last_group) == (first, last)
@@ -131,9 +138,9 @@ def test_flipped_byte_in_any_row_group_is_detected(group: int) -> None:
     partial_read(bytes(value), *header.group_rows_range(other))
 
 
-@pytest.mark.parametrize("position", range(FIXED_HEADER_BYTES + 4 * DIGEST_BYTES))
+@pytest.mark.parametrize("position", range(HEADER_BYTES + 4 * MAC_BYTES))
 def test_flipped_byte_in_the_header_is_detected(position: int) -> None:
-    """Every header byte, fixed part and checksum table, for one bit each."""
+    """Every header byte, fixed part, its tag and the group tags, for one bit each."""
     value = bytearray(encode_entry(block_of(50, 6, "float32"), group_rows=16, binding=KEY))
     value[position] ^= 1 << (position % 8)
     with pytest.raises(CorruptEntryError):
@@ -141,14 +148,14 @@ def test_flipped_byte_in_the_header_is_detected(position: int) -> None:
 
 
 def test_float16_bfloat16_swap_in_header_is_detected() -> None:
-    """Same itemsize, so every size still agrees: only the checksum binding catches it."""
+    """Same itemsize, so every size still agrees: only the tags' binding catches it."""
     value = bytearray(encode_entry(block_of(20, 4, "float16"), binding=KEY))
     value[6] = 3  # bfloat16
     header = parse_fixed_header(value)  # parses fine
     assert header.dtype == "bfloat16"
-    with pytest.raises(CorruptEntryError, match="checksum"):
+    with pytest.raises(CorruptEntryError, match="header checksum mismatch"):
         decode_entry(bytes(value), KEY)
-    with pytest.raises(CorruptEntryError, match="checksum"):
+    with pytest.raises(CorruptEntryError, match="header checksum mismatch"):
         partial_read(bytes(value), 3, 5)
 
 
@@ -173,7 +180,8 @@ def test_wrong_dtype_code_is_detected(code: int) -> None:
     ("field", "offset", "packed"),
     [
         ("magic", 0, b"XSEM"),
-        ("version", 4, struct.pack("<H", 2)),
+        ("version 1 (8-byte digests, no header tag)", 4, struct.pack("<H", 1)),
+        ("version 3", 4, struct.pack("<H", 3)),
         ("group_rows", 7, struct.pack("<H", 0)),
         ("num_rows", 9, struct.pack("<I", 0)),
         ("hidden", 13, struct.pack("<I", 0)),
@@ -194,9 +202,9 @@ def test_garbage_is_rejected(garbage: bytes) -> None:
 
 
 def test_group_swapped_from_another_entry_is_detected() -> None:
-    """Same shape, dtype and key: group 1 and its digest copied from another entry's
-    group 2 — the index binding catches it; group 1 with its digest copied from an
-    entry under another key — the key binding catches it."""
+    """Same shape, dtype and key: group 1 and its tag copied from another entry's
+    group 2 — the index binding catches it; group 1 with its tag copied from an entry
+    under another key — the key binding catches it."""
     mine = bytearray(encode_entry(block_of(50, 6, "float32", seed=1), binding=KEY))
     theirs = encode_entry(block_of(50, 6, "float32", seed=2), binding=KEY)
     header = parse_fixed_header(mine)
@@ -207,8 +215,8 @@ def test_group_swapped_from_another_entry_is_detected() -> None:
         value[hl + dst * size : hl + (dst + 1) * size] = src_value[
             hl + src * size : hl + (src + 1) * size
         ]
-        d, s = FIXED_HEADER_BYTES + dst * DIGEST_BYTES, FIXED_HEADER_BYTES + src * DIGEST_BYTES
-        value[d : d + DIGEST_BYTES] = src_value[s : s + DIGEST_BYTES]
+        d, s = HEADER_BYTES + dst * MAC_BYTES, HEADER_BYTES + src * MAC_BYTES
+        value[d : d + MAC_BYTES] = src_value[s : s + MAC_BYTES]
         return bytes(value)
 
     for value in (swap(1, theirs, 2), swap(1, bytes(mine), 2)):
@@ -226,7 +234,7 @@ def test_group_swapped_from_another_entry_is_detected() -> None:
 
 
 def test_group_from_an_entry_of_another_shape_is_detected() -> None:
-    """Bytes and digest at the same index of an entry with other header fields."""
+    """Bytes and tag at the same index of an entry with other header fields."""
     mine = bytearray(encode_entry(block_of(50, 6, "float32", seed=1), binding=KEY))
     # 48 rows: same group 0 bytes length, different num_rows in the bound header
     theirs = encode_entry(block_of(48, 6, "float32", seed=1), binding=KEY)
@@ -234,9 +242,7 @@ def test_group_from_an_entry_of_another_shape_is_detected() -> None:
     hl = header_length(header)
     their_hl = header_length(parse_fixed_header(theirs))
     mine[hl : hl + 16 * 24] = theirs[their_hl : their_hl + 16 * 24]
-    mine[FIXED_HEADER_BYTES : FIXED_HEADER_BYTES + 8] = theirs[
-        FIXED_HEADER_BYTES : FIXED_HEADER_BYTES + 8
-    ]
+    mine[HEADER_BYTES : HEADER_BYTES + MAC_BYTES] = theirs[HEADER_BYTES : HEADER_BYTES + MAC_BYTES]
     assert bytes(mine[hl : hl + 16 * 24]) == block_of(50, 6, "float32", seed=1).data[: 16 * 24]
     with pytest.raises(CorruptEntryError, match="group 0"):
         decode_entry(bytes(mine), KEY)
@@ -246,11 +252,11 @@ def test_verify_groups_rejects_wrong_lengths() -> None:
     value = encode_entry(block_of(50, 6, "float32"), binding=KEY)
     header = parse_fixed_header(value)
     byte_start, byte_end, first, last = row_range_for(header, 0, 20)
-    sums = read_range(value, *checksum_range_for(header, first, last))
+    sums = read_range(value, *tag_range_for(header, first, last))
     groups = read_range(value, byte_start, byte_end)
     verify_groups(header, sums, groups, first, KEY)
     for bad_sums, bad_groups, bad_first in [
-        (sums[:-1], groups, first),  # partial digest
+        (sums[:-1], groups, first),  # partial tag
         (sums, groups[:-1], first),  # short groups
         (sums, groups + b"\0", first),  # extra bytes
         (b"", b"", first),  # nothing
