@@ -82,11 +82,15 @@ def add_api_key_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def api_keys_from_args(args: argparse.Namespace) -> ApiKeys:
-    """Keys from --api-key, TESSERA_API_KEY and --api-key-file, read once at start."""
-    keys: list[str] = [*args.api_key, env_default("TESSERA_API_KEY", "")]
-    if args.api_key_file is not None:
-        keys += _read_key_file(args.api_key_file)
-    return ApiKeys.of(keys)
+    """Keys from --api-key and TESSERA_API_KEY (--api-key-file is read at start, by
+    `with_key_file`, where the file is mounted)."""
+    return ApiKeys.of([*args.api_key, env_default("TESSERA_API_KEY", "")])
+
+
+def with_key_file(keys: ApiKeys, path: Path | None) -> ApiKeys:
+    """`keys` plus those of the file at `path` (if any); exits naming the file if it
+    cannot be read or holds no key."""
+    return keys if path is None else ApiKeys.of([*keys.keys, *_read_key_file(path)])
 
 
 def _read_key_file(path: Path) -> Sequence[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.api_keys import ApiKeys, add_api_key_flags, api_keys_from_args
 from tessera.access import AccessRules, add_allow_callers_flag, rules_from_args
@@ -57,7 +58,8 @@ class GatewayConfig:
     model_fingerprint: str | None
     log_level: str
     metrics_port: int
-    api_keys: ApiKeys
+    api_keys: ApiKeys  # from --api-key and the environment
+    api_key_file: Path | None  # read at start
     tls: TlsFiles  # served with, and presented to the encoders and decoders
     access: AccessRules
     enable_reflection: bool

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from gateway.api_keys import with_key_file
 from gateway.config import GatewayConfig, add_gateway_flags
 from gateway.front import GatewayFront
 from gateway.http_server import HttpApi, start_http
@@ -64,7 +65,8 @@ async def run(config: GatewayConfig) -> None:
         names = [served_model_name(config), config.model]
         front = GatewayFront(pipeline, names, config.max_queued_requests, registry)
         servicer.front = front
-        servicer.api_keys = config.api_keys
+        api_keys = with_key_file(config.api_keys, config.api_key_file)
+        servicer.api_keys = api_keys
         serve_metrics(config.metrics_port, config.host, registry)
         http = "off"
         if config.http_port:
@@ -81,7 +83,7 @@ async def run(config: GatewayConfig) -> None:
                 config.max_request_bytes,
                 config.request_timeout_seconds,
                 [encoders, decoders],
-                config.api_keys,
+                api_keys,
                 metrics_route=not config.metrics_port,
             )
             await start_http(api.app, config.host, config.http_port)
@@ -89,7 +91,7 @@ async def run(config: GatewayConfig) -> None:
         return (
             f"family={family.name} served_model_name={front.model_name} "
             f"fingerprint={family.fingerprint} http={http} "
-            f"api_keys={len(config.api_keys.keys) or 'none'} "
+            f"api_keys={len(api_keys.keys) or 'none'} "
             f"metrics_port={config.metrics_port or 'on the http port'} "
             f"encoders={','.join(config.encoders)} decoders={','.join(config.decoders)} "
             f"limit_mm_per_prompt={config.limit_mm_per_prompt} "

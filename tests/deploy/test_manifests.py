@@ -40,8 +40,8 @@ from tests.deploy.k8s import (
 
 GRPC_PORTS = {"gateway": 50051, "encoder": 50052, "decoder": 50053}
 METRICS_FLAG = "--metrics-port"
-# Where each service serves Prometheus /metrics: the gateway on its HTTP API port.
-METRICS_PORT_FLAGS = {"encoder": METRICS_FLAG, "decoder": METRICS_FLAG, "gateway": "--http-port"}
+# Where each service serves Prometheus /metrics: its own port, off the ports clients reach.
+METRICS_PORT_FLAGS = {"encoder": METRICS_FLAG, "decoder": METRICS_FLAG, "gateway": METRICS_FLAG}
 GPU = "nvidia.com/gpu"
 
 
@@ -589,7 +589,7 @@ def test_network_policies_allow_exactly_the_paths_tessera_uses(rendered: Rendere
         assert reachable(policies, pod, pods["dns"], 53, "UDP"), f"{pod.name}: DNS"
         assert reachable(policies, pod, pods["dns"], 53, "TCP"), f"{pod.name}: DNS over TCP"
     # Prometheus, from its own namespace, scrapes the services but not Redis.
-    for pod in (encoder, decoder):
+    for pod in (gateway, encoder, decoder):
         assert reachable(policies, pods["outsider"], pod, 9100), f"{pod.name}: /metrics"
     assert not reachable(policies, pods["outsider"], cache, 9100)
 
