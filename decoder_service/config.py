@@ -55,6 +55,7 @@ class DecoderConfig:
     tls: TlsFiles  # served with, and presented to the encoders
     access: AccessRules
     enable_reflection: bool
+    health_port: int
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DecoderConfig:

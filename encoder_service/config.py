@@ -78,6 +78,7 @@ class EncoderConfig:
     tls: TlsFiles
     access: AccessRules
     enable_reflection: bool
+    health_port: int
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EncoderConfig:

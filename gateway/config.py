@@ -63,6 +63,7 @@ class GatewayConfig:
     tls: TlsFiles  # served with, and presented to the encoders and decoders
     access: AccessRules
     enable_reflection: bool
+    health_port: int
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:

@@ -64,6 +64,13 @@ def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None
         help="serve gRPC server reflection (for grpcurl and the like; off: it hands out "
         "the API's whole schema to anyone who may connect)",
     )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="also serve grpc.health.v1, and nothing else, in plaintext on this port "
+        "(0: off), for probes that cannot present a client certificate (the kubelet's)",
+    )
 
 
 def config_from_args(cls: Callable[..., C], args: argparse.Namespace, **built: Any) -> C:

@@ -44,11 +44,14 @@ class ServerSpec:
     tls: TlsFiles = field(default_factory=TlsFiles)
     access: AccessRules | None = None  # checked only with mutual TLS
     enable_reflection: bool = False
+    # A plaintext port serving only grpc.health.v1 (0: none), for probes without a
+    # client certificate.
+    health_port: int = 0
 
 
 def service_spec(name: str, config: Any) -> ServerSpec:
     """A ServerSpec from a service config that has host, port, model, drain_seconds, tls,
-    access (whose service is the one served) and enable_reflection."""
+    access (whose service is the one served), enable_reflection and health_port."""
     return ServerSpec(
         name=name,
         host=config.host,
@@ -59,6 +62,7 @@ def service_spec(name: str, config: Any) -> ServerSpec:
         tls=config.tls,
         access=config.access,
         enable_reflection=config.enable_reflection,
+        health_port=config.health_port,
     )
 
 
@@ -86,6 +90,28 @@ def _add_port(server: grpc.aio.Server, spec: ServerSpec) -> int:
         return server.add_insecure_port(address)
     except RuntimeError:
         return 0
+
+
+def _health_server(
+    spec: ServerSpec, servicer: health.aio.HealthServicer
+) -> tuple[grpc.aio.Server, str] | None:
+    """The plaintext health-only server on `spec.health_port` and its address, or None if
+    the port is 0. The kubelet's grpc probes cannot present a client certificate, so under
+    mutual TLS they need a port of their own. It shares `servicer` with the main server,
+    so both report the same status, and it has no caller check: it serves nothing but
+    SERVING/NOT_SERVING, and every other method is UNIMPLEMENTED there."""
+    if not spec.health_port:
+        return None
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    address = f"{spec.host}:{spec.health_port}"
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise PortTakenError(f"could not bind the health port {address}: is another server on it?")
+    return server, address
 
 
 def redact(url: str | None) -> str:
@@ -134,12 +160,16 @@ async def serve(
     port = _add_port(server, spec)
     if port == 0:
         raise PortTakenError(f"could not bind {spec.host}:{spec.port}: is another server on it?")
+    health_only = _health_server(spec, health_servicer)
     await _set_health(
         health_servicer, spec.service_names, health_pb2.HealthCheckResponse.NOT_SERVING
     )
     await server.start()
+    if health_only is not None:
+        await health_only[0].start()
     address = f"{spec.host}:{port}"
     transport = "mtls" if spec.tls.mutual else "tls" if spec.tls.enabled else "plaintext"
+    health_address = health_only[1] if health_only is not None else "off"
     log.info("tessera %s %s: loading %s on %s", spec.name, __version__, spec.model, address)
 
     stop = stop_event or asyncio.Event()
@@ -150,13 +180,14 @@ async def serve(
     loaded = await load()
     await _set_health(health_servicer, spec.service_names, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "tessera %s %s ready: model=%s %s address=%s transport=%s",
+        "tessera %s %s ready: model=%s %s address=%s transport=%s health_address=%s",
         spec.name,
         __version__,
         spec.model,
         loaded,
         address,
         transport,
+        health_address,
     )
     await stop.wait()
     log.info("tessera %s stopping: draining for up to %.1fs", spec.name, spec.drain_seconds)
@@ -168,6 +199,9 @@ async def serve(
         await server.stop(_FLUSH_SECONDS)  # the calls it ended send their status
     else:
         await server.stop(spec.drain_seconds)
+    if health_only is not None:
+        # Stopped last: probes see NOT_SERVING, not a refused connection, while draining.
+        await health_only[0].stop(0)
     log.info("tessera %s stopped", spec.name)
 
 

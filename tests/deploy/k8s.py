@@ -22,7 +22,10 @@ OVERLAYS = {"cpu-dev": K8S / "overlays" / "cpu-dev", "gpu": K8S / "overlays" / "
 VARIANTS = {
     "base+model-download": ["model-download"],
     "base+model-pvc+encoders-on-gpu": ["model-pvc", "encoders-on-gpu"],
+    "cpu-dev+mtls": ["mtls"],
 }
+# What a variant builds on: the base unless it is named after an overlay ("cpu-dev+...").
+VARIANT_BASES = {"cpu-dev+mtls": OVERLAYS["cpu-dev"]}
 SERVICES = ("gateway", "encoder", "decoder")
 TESSERA_IMAGE_NAMES = ("tessera", "registry.example.com/tessera")
 
@@ -54,10 +57,11 @@ def kustomize(directory: Path) -> list[Obj]:
 
 
 def variant_dir(name: str, parent: Path) -> Path:
-    """A kustomization of the base plus the variant's components, under `parent`."""
+    """A kustomization of the base (or the variant's overlay) plus the variant's
+    components, under `parent`."""
     directory = parent / name.replace("+", "_")
     directory.mkdir(parents=True, exist_ok=True)
-    base = os.path.relpath(K8S / "base", directory)
+    base = os.path.relpath(VARIANT_BASES.get(name, K8S / "base"), directory)
     components = [os.path.relpath(K8S / "components" / c, directory) for c in VARIANTS[name]]
     (directory / "kustomization.yaml").write_text(
         yaml.safe_dump(

@@ -43,6 +43,7 @@ METRICS_FLAG = "--metrics-port"
 # Where each service serves Prometheus /metrics: its own port, off the ports clients reach.
 METRICS_PORT_FLAGS = {"encoder": METRICS_FLAG, "decoder": METRICS_FLAG, "gateway": METRICS_FLAG}
 GPU = "nvidia.com/gpu"
+HEALTH_PORT = 8081  # components/mtls: the plaintext health-only port the probes check
 
 
 # --- the services' own argument parsers -----------------------------------------------------
@@ -179,12 +180,25 @@ def test_prometheus_scrapes_the_port_the_service_serves_metrics_on(rendered: Ren
 # --- probes, ports and services --------------------------------------------------------------
 
 
+def probed_port(rendered: Rendered, service: str) -> int:
+    """Where the kubelet's grpc probes must go: the plaintext --health-port if the service
+    has one, else its gRPC port. Under mutual TLS it must have one: the kubelet presents
+    no client certificate, so a probe of the main port fails the handshake."""
+    parsed = parsed_service(rendered, service)
+    if parsed.tls_cert_file and parsed.tls_ca_file:
+        assert parsed.health_port, f"{rendered.name}: tessera-{service}: mTLS, no --health-port"
+    return parsed.health_port or parsed.port
+
+
 @pytest.mark.parametrize("service", SERVICES)
 def test_grpc_probes_use_the_numeric_port_the_service_listens_on(rendered: Rendered, service):
     container = main_container(rendered.workload(service))
-    port = parsed_service(rendered, service).port
+    parsed = parsed_service(rendered, service)
+    port = probed_port(rendered, service)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports["grpc"] == port
+    assert ports["grpc"] == parsed.port
+    if parsed.health_port:
+        assert ports["health"] == parsed.health_port
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container.get(kind)
         assert probe, f"{rendered.name}: tessera-{service} has no {kind}"
@@ -194,7 +208,9 @@ def test_grpc_probes_use_the_numeric_port_the_service_listens_on(rendered: Rende
             f"{rendered.name}: tessera-{service} {kind} port {probe_port!r}: the grpc "
             "probe takes a number, never a port name"
         )
-        assert probe_port == port, f"{kind} checks {probe_port}, the service listens on {port}"
+        assert probe_port == port, (
+            f"{kind} checks {probe_port}, the service serves health on {port}"
+        )
         assert "service" not in probe["grpc"], "the overall health (empty service name)"
 
 
@@ -575,6 +591,9 @@ def test_network_policies_allow_exactly_the_paths_tessera_uses(rendered: Rendere
     }
     ports = [("gateway", 50051), ("gateway", 8000), ("encoder", 50052), ("decoder", 50053)]
     ports.append(("cache", 6379))
+    # The health-only port (components/mtls) is for the kubelet, which probes from the
+    # node: no pod, in the namespace or outside, may reach it.
+    ports += [(service, HEALTH_PORT) for service in SERVICES]
     sources = ["gateway", "encoder", "decoder", "cache", "stranger", "outsider"]
     wrong = []
     for src in sources:
@@ -685,3 +704,113 @@ def test_no_secret_in_a_config_map_an_argument_or_a_plain_variable(rendered: Ren
                 assert SECRET_MARK not in text, f"{where}: a secretKeyRef expanded into argv"
                 assert not any(secret in text for secret in secrets), f"{where}: {text!r}"
             assert flag_value(argv, "--requirepass") is None, f"{where}: a password in argv"
+
+
+# --- mutual TLS (components/mtls) ----------------------------------------------------------
+
+TLS_DIR = "/etc/tessera/tls"
+TLS_ENV = {
+    "TESSERA_TLS_CERT_FILE": f"{TLS_DIR}/tls.crt",
+    "TESSERA_TLS_KEY_FILE": f"{TLS_DIR}/tls.key",
+    "TESSERA_TLS_CA_FILE": f"{TLS_DIR}/ca.crt",
+}
+ROLES = ("gateway", "decoder", "encoder", "client")
+
+
+def role_dns_names(role: str) -> set[str]:
+    name = f"tessera-{role}"
+    return {name, f"{name}.tessera.svc", f"{name}.tessera.svc.cluster.local", "localhost"}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_mtls_gives_each_service_its_role_certificate_and_a_health_port(renders, service):
+    mtls = renders["cpu-dev+mtls"]
+    workload = mtls.workload(service)
+    container = main_container(workload)
+    env = container_env(mtls, container)
+    assert {k: env.get(k) for k in TLS_ENV} == TLS_ENV
+    for path in TLS_ENV.values():
+        secret, key = secret_mount(mtls, workload, container, path)
+        assert secret == f"tessera-tls-{service}", f"{service} reads {path} from {secret}"
+        assert key == PurePosixPath(path).name, "cert-manager's keys, used as they are"
+    parsed = parsed_service(mtls, service)
+    assert (parsed.tls_cert_file, parsed.tls_key_file, parsed.tls_ca_file) == tuple(
+        TLS_ENV.values()
+    ), "the service's own parser reads the files from the environment"
+    assert parsed.health_port == HEALTH_PORT
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[kind]["grpc"]["port"] == HEALTH_PORT, kind
+    # The health port is for the kubelet only: in no Service.
+    svc = mtls.get("Service", f"tessera-{service}")
+    assert HEALTH_PORT not in [p.get("targetPort") for p in svc["spec"]["ports"]]
+    assert "health" not in [p.get("targetPort") for p in svc["spec"]["ports"]]
+
+
+def test_mtls_issues_one_certificate_per_role_from_one_ca(renders):
+    mtls = renders["cpu-dev+mtls"]
+    issuers = {i["metadata"]["name"]: i["spec"] for i in mtls.kind("Issuer")}
+    certificates = {c["metadata"]["name"]: c["spec"] for c in mtls.kind("Certificate")}
+    # The bootstrap: a self-signed issuer signs the CA, whose Issuer signs the roles.
+    ca = certificates["tessera-ca"]
+    assert ca["isCA"] is True
+    assert issuers[ca["issuerRef"]["name"]] == {"selfSigned": {}}
+    (ca_issuer,) = [n for n, spec in issuers.items() if spec.get("ca")]
+    assert issuers[ca_issuer]["ca"]["secretName"] == ca["secretName"]
+    for role in ROLES:
+        spec = certificates[f"tessera-{role}"]
+        assert spec["commonName"] == role, "the caller checks read the role from the CN"
+        assert spec["secretName"] == f"tessera-tls-{role}"
+        assert spec["issuerRef"] == {
+            "name": ca_issuer,
+            "kind": "Issuer",
+            "group": "cert-manager.io",
+        }
+        assert {"server auth", "client auth"} <= set(spec["usages"]), role
+        assert set(spec["dnsNames"]) == role_dns_names(role)
+        assert not spec.get("isCA")
+    assert set(certificates) == {"tessera-ca", *(f"tessera-{r}" for r in ROLES)}
+
+
+def test_without_the_mtls_component_nothing_changes(renders):
+    """cpu-dev+mtls is cpu-dev plus exactly the TLS pieces; cpu-dev itself has none."""
+    plain, mtls = renders["cpu-dev"], renders["cpu-dev+mtls"]
+    assert not plain.kind("Certificate") and not plain.kind("Issuer")
+    for service in SERVICES:
+        parsed = parsed_service(plain, service)
+        assert not (parsed.tls_cert_file or parsed.tls_key_file or parsed.tls_ca_file)
+        assert parsed.health_port == 0
+    added = {"Certificate", "Issuer"}
+    assert set(mtls.by_kind) - set(plain.by_kind) == added
+    for kind, objects in plain.by_kind.items():
+        if kind == "Deployment":
+            continue
+        assert objects == mtls.kind(kind), f"the mtls component changed a {kind}"
+    for service in SERVICES:
+        without = strip_mtls(mtls.workload(service))
+        assert without == plain.workload(service), f"tessera-{service}: more than TLS changed"
+
+
+def strip_mtls(workload: Obj) -> Obj:
+    """A copy of an mtls workload with what components/mtls adds taken out again, the
+    probes set back to the gRPC port."""
+    copy = yaml.safe_load(yaml.safe_dump(workload))
+    spec = pod_spec(copy)
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "tls"]
+    container = main_container(copy)
+    container["args"] = [a for a in container["args"] if not a.startswith("--health-port")]
+    container["env"] = [e for e in container["env"] if e["name"] not in TLS_ENV]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "tls"]
+    container["ports"] = [p for p in container["ports"] if p["name"] != "health"]
+    grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        container[kind]["grpc"]["port"] = grpc_port
+    return copy
+
+
+def test_the_mtls_component_is_documented_and_off_by_default():
+    for overlay in ("cpu-dev", "gpu"):
+        text = (K8S / "overlays" / overlay / "kustomization.yaml").read_text()
+        assert "components/mtls" not in text, f"{overlay}: mTLS is opt-in"
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    assert "../../components/mtls" in readme and "cert-manager" in readme
+    assert "tessera-tls-client" in readme, "callers of the gateway need the client Secret"

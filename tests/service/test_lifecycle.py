@@ -14,7 +14,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from tessera import __version__
-from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
+from tessera.certs import write_role_certificates
+from tessera.launcher import free_port
+from tessera.tls import tls_args
+from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 from tests.cluster import Cluster
 
 SERVICES = {
@@ -42,6 +45,37 @@ def test_health_reflection_and_start_line(cluster, name):
     # No flags, no TLS: anyone may call, and the start says so.
     assert "transport=plaintext" in ready_lines[0]
     assert f"tessera {name} accepts unauthenticated callers (plaintext)" in log
+
+
+def test_health_port_answers_probes_without_a_certificate_and_serves_nothing_else(
+    demo_model_dir, tmp_path
+):
+    """Under mutual TLS the kubelet's grpc probes (no client certificate) reach only
+    --health-port: plaintext, health and nothing else, while the main port refuses them."""
+    certs = write_role_certificates(tmp_path / "tls")
+    health_port = free_port()
+    own = Cluster(client_tls=certs["client"])
+    flags = ["--model", str(demo_model_dir), "--health-port", str(health_port)]
+    address = own.start("encoder", "encoder", [*flags, *tls_args(certs["encoder"])])
+    try:
+        own.wait_ready()
+        request = health_pb2.HealthCheckRequest
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ["", SERVICES["encoder"]]:
+                status = health.Check(request(service=service), timeout=10).status
+                assert status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as other:
+                stub = encoder_pb2_grpc.EncoderServiceStub(channel)
+                stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
+            assert other.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            health_pb2_grpc.HealthStub(channel).Check(request(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert f"health_address=127.0.0.1:{health_port}" in own.log_text("encoder")
+        assert own.terminate("encoder") == 0
+    finally:
+        own.stop()
 
 
 def test_sigterm_lets_the_request_in_flight_finish(demo_model_dir):
