@@ -60,10 +60,21 @@ class Replica:
     metrics_port: int | None = None
 
 
+# Ports this process has handed out. A port given to a child that has not bound it yet
+# (it is still importing torch) looks free to the kernel: without this, two children
+# started a moment apart could be given the same port, and the second fails to start.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port free on `host` now, and never one this process handed out before."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def distinct_free_ports(host: str, taken: Collection[int] = ()) -> Iterator[int]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from tessera.launcher import free_port as service_free_port
 from tests.tls_files import TlsFiles
 
 
@@ -29,9 +30,7 @@ def free_port(cluster: bool = False) -> int:
     """A free port; for a cluster node also its bus port (port + 10000) must exist and be
     free, or redis-server exits at once."""
     while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = service_free_port()  # never one handed to a service still starting
         if not cluster or (port + 10000 <= 65535 and port_is_free(port + 10000)):
             return port
 
