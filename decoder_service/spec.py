@@ -7,7 +7,7 @@ from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
 from tessera.adapters import ModelFamily
 from tessera.hashing import is_content_hash
-from tessera.limits import check_cache_salt, check_request_id
+from tessera.limits import MAX_ENCODER_HINTS, check_cache_salt, check_request_id
 from tessera.media import ProcessingOptions
 from tessera.placeholders import validate_ranges
 from tessera.sampling import check_sampling, effective_temperature
@@ -90,6 +90,11 @@ def _media_source(
         raise ValueError(f"item {index}: {error}") from None
     if not is_content_hash(placeholder.content_hash):
         raise ValueError(f"item {index}: {placeholder.content_hash!r} is not a content hash")
+    if len(item.encoder_addresses) > MAX_ENCODER_HINTS:
+        raise ValueError(
+            f"item {index} names {len(item.encoder_addresses)} encoder addresses; "
+            f"at most {MAX_ENCODER_HINTS}"
+        )
     family.check_layout(placeholder)
     return MediaSource(placeholder, tuple(item.encoder_addresses), item.data, options, cache_salt)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 # A request id (and an encoder lease owner) is a label: a uuid is 32 characters, a
 # client's own ids are rarely above 64. Longer ones are refused, not truncated.
 MAX_REQUEST_ID_CHARS = 128
+# Encoder addresses a decode request may name per item (hints the decoder walks on every
+# fetch): the gateway names every encoder it knows, and no fleet has more.
+MAX_ENCODER_HINTS = 256
 
 
 def check_request_id(request_id: str, what: str = "request id") -> str:

@@ -196,6 +196,8 @@ def test_decoder_rejects_malformed_requests(cluster, decoder, reference):
     image_id = reference.placeholder_token_id
     address = cluster.address("encoder")
     good_hash = UNKNOWN_HASH
+    many_hints = media_source(address, 1, 1, good_hash)
+    many_hints.encoder_addresses.extend(f"10.0.{i // 250}.{i % 250}:1" for i in range(100_000))
     cases = {
         "empty prompt": (decode_request([]), "empty"),
         "no request id": (decoder_pb2.DecodeRequest(prompt_token_ids=[1, 2]), "request_id"),
@@ -219,6 +221,7 @@ def test_decoder_rejects_malformed_requests(cluster, decoder, reference):
             "at most 128",
         ),
         "nan top_p": (decode_request([1, 5, 6], top_p=float("nan")), "top_p"),
+        "100k encoder hints": (decode_request([1, image_id, 5], [many_hints]), "at most 256"),
     }
     for name, (request, phrase) in cases.items():
         with pytest.raises(grpc.RpcError) as caught:
