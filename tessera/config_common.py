@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tessera.startup_flags import dtype_flag, log_level, port_number
+
 T = TypeVar("T")
 C = TypeVar("C")
 
@@ -36,9 +38,10 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
     parser.add_argument(
         "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16", "float16"],
-        help="weights and activations dtype",
+        default="auto",
+        type=dtype_flag,
+        help="weights and activations dtype: auto (the checkpoint's config.json dtype; "
+        "float32 on a CPU for a half-precision checkpoint), float32, bfloat16, float16",
     )
     parser.add_argument(
         "--model-fingerprint",
@@ -50,14 +53,22 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=default_port, help="gRPC port (0 = any free)")
+    parser.add_argument(
+        "--port", type=port_number, default=default_port, help="gRPC port (0 = any free)"
+    )
     parser.add_argument(
         "--drain-seconds",
         type=float,
         default=10.0,
         help="on SIGTERM, how long in-flight requests get to finish",
     )
-    parser.add_argument("--log-level", default=env_default("TESSERA_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        default=env_default("TESSERA_LOG_LEVEL", "INFO"),
+        help="debug, info, warning, error (env TESSERA_LOG_LEVEL); debug also prints the "
+        "traceback of a start-up failure",
+    )
     parser.add_argument(
         "--enable-reflection",
         action="store_true",
@@ -66,7 +77,7 @@ def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None
     )
     parser.add_argument(
         "--health-port",
-        type=int,
+        type=port_number,
         default=0,
         help="also serve grpc.health.v1, and nothing else, in plaintext on this port "
         "(0: off), for probes that cannot present a client certificate (the kubelet's)",

@@ -181,10 +181,7 @@ def wait_healthy(
         with sync_channel(child.address, tls) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
-                if child.process.poll() is not None:
-                    raise SystemExit(
-                        f"the {child.name} exited with code {child.process.returncode}"
-                    )
+                _stop_if_one_exited(children)
                 try:
                     status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
                     if status == health_pb2.HealthCheckResponse.SERVING:
@@ -194,6 +191,17 @@ def wait_healthy(
                 if time.monotonic() > deadline:
                     raise SystemExit(f"the {child.name} was not ready after {timeout_seconds:.0f}s")
                 time.sleep(0.2)
+
+
+def _stop_if_one_exited(children: list[Child]) -> None:
+    """Any child that exited while starting ends the start: it printed its own line (why);
+    this says which one, and that the others are stopped."""
+    for child in children:
+        if child.process.poll() is not None:
+            raise SystemExit(
+                f"tessera serve: the {child.name} failed to start (exit code "
+                f"{child.process.returncode}); stopping the others"
+            )
 
 
 def start_child(name: str, args: list[str]) -> subprocess.Popen:

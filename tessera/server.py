@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from tessera import __version__
 from tessera.access import AccessRules, CallerCheck
-from tessera.server_errors import PortTakenError
+from tessera.server_errors import PortTakenError, StartupError, one_line
 from tessera.tls import TlsFiles, server_credentials
 
 log = logging.getLogger("tessera")
@@ -177,7 +177,10 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    loaded = await load()
+    try:
+        loaded = await load()
+    except Exception as error:  # reported in one line by the CLI (tessera.cli)
+        raise StartupError(f"could not load {spec.model}: {one_line(error)}") from error
     await _set_health(health_servicer, spec.service_names, health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "tessera %s %s ready: model=%s %s address=%s transport=%s health_address=%s",
