@@ -8,6 +8,7 @@ every service before any process starts (tessera.preflight).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,12 +35,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     says what the default is, and never for a flag that may hold a secret."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if "default" in text or action.dest in SECRET_DESTS or action.default is None:
-            return action.help
-        if action.default is argparse.SUPPRESS or action.option_strings == []:
+        if not self._shows_default(action) or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and self._shows_default(action):
+            action = copy.copy(action)  # a flag with no help still says its default
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    @staticmethod
+    def _shows_default(action: argparse.Action) -> bool:
+        return (
+            bool(action.option_strings)
+            and action.dest not in SECRET_DESTS
+            and action.default not in (None, argparse.SUPPRESS)
+        )
 
 
 def dtype_flag(value: str) -> str:
