@@ -180,6 +180,11 @@ async def serve(
     try:
         loaded = await load()
     except Exception as error:  # reported in one line by the CLI (tessera.cli)
+        # Stopped here, on the loop: a server left to the garbage collector prints a
+        # traceback of its own once the loop is closed.
+        await server.stop(0)
+        if health_only is not None:
+            await health_only[0].stop(0)
         raise StartupError(f"could not load {spec.model}: {one_line(error)}") from error
     await _set_health(health_servicer, spec.service_names, health_pb2.HealthCheckResponse.SERVING)
     log.info(

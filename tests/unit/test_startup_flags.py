@@ -208,3 +208,16 @@ def test_chat_template_override_renders_as_hf_would(llava_dir):
     assert built.token_ids == inputs["input_ids"][0].tolist()
     default = load_family(str(llava_dir), LoadOptions(ModelPart.PROCESSOR))
     assert "CUSTOM" not in default.render_prompt(to_template(messages))
+
+
+def test_auto_dtype_reaches_the_family(llava_dir, tmp_path):
+    import shutil
+
+    import torch
+
+    half = shutil.copytree(llava_dir, tmp_path / "half")
+    config = json.loads((half / "config.json").read_text())
+    (half / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    parts = ModelPart.PROCESSOR
+    assert load_family(str(half), LoadOptions(parts, "cpu", "auto")).dtype == torch.float32
+    assert load_family(str(half), LoadOptions(parts, "cpu", "bfloat16")).dtype == torch.bfloat16
