@@ -112,12 +112,24 @@ def route_flags(
         if not owners:
             raise SystemExit(f"no service takes {flag}; see tessera encoder|decoder|gateway --help")
         action = parsers[owners[0]]._option_string_actions[flag]
-        takes_value = action.nargs != 0 and "=" not in token
-        group = extra[index : index + 1 + int(takes_value)]
+        group = extra[index : index + 1 + _num_values(action, token, extra[index + 1 :])]
         for name in owners:
             routed[name] += group
         index += len(group)
     return routed
+
+
+def _num_values(action: argparse.Action, token: str, rest: list[str]) -> int:
+    """How many of the tokens after `token` are its values: none for a switch or
+    `--flag=value`, all up to the next flag for a list (`--served-model-name a b`), else one."""
+    if action.nargs == 0 or "=" in token:
+        return 0
+    if action.nargs in ("+", "*"):
+        values = 0
+        while values < len(rest) and not rest[values].startswith("-"):
+            values += 1
+        return values
+    return 1
 
 
 def metrics_services(parsers: dict[str, argparse.ArgumentParser]) -> set[str]:

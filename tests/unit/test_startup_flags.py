@@ -76,6 +76,16 @@ def test_the_gateway_parses_every_form_into_its_config():
     assert default.limit_mm_per_prompt == MediaCountLimits()
 
 
+def test_serve_routes_every_served_name_to_the_gateway():
+    from tessera.launcher import route_flags
+    from tessera.preflight import service_parsers
+
+    extra = ["--served-model-name", "a", "b", "--max-num-seqs", "2", "--served-model-name=c"]
+    routed = route_flags(extra, service_parsers())
+    assert routed["gateway"] == ["--served-model-name", "a", "b", "--served-model-name=c"]
+    assert routed["decoder"] == ["--max-num-seqs", "2"]
+
+
 def test_served_model_names_take_one_or_more():
     args = gateway_parser().parse_args([*GATEWAY, "--served-model-name", "a", "b"])
     assert args.served_model_name == ["a", "b"]
