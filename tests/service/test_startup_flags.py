@@ -153,7 +153,8 @@ def gateway(cluster, demo_model_dir, tmp_path_factory):
 
 
 def chat(gateway, content: list, **fields) -> httpx.Response:
-    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 2, **fields}
+    parts = [{"type": "text", "text": p} if isinstance(p, str) else p for p in content]
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 2, **fields}
     return httpx.post(gateway.http + "/v1/chat/completions", json=body, timeout=60)
 
 
