@@ -28,6 +28,8 @@ class KVCacheStats:
     num_cached_blocks: int
     num_prefix_queries: int
     num_prefix_hit_blocks: int
+    # In tokens, as vLLM's prefix_cache_queries: every prompt token looked up.
+    num_prefix_query_tokens: int
 
 
 class KVCacheManager:
@@ -45,6 +47,7 @@ class KVCacheManager:
         self._tables: dict[str, list[int]] = {}
         self._num_prefix_queries = 0
         self._num_prefix_hit_blocks = 0
+        self._num_prefix_query_tokens = 0
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -69,15 +72,22 @@ class KVCacheManager:
             num_cached_blocks=len(self._cached),
             num_prefix_queries=self._num_prefix_queries,
             num_prefix_hit_blocks=self._num_prefix_hit_blocks,
+            num_prefix_query_tokens=self._num_prefix_query_tokens,
         )
 
     # -- prefix caching ------------------------------------------------------------------
 
-    def find_prefix(self, block_hashes: Sequence[bytes], max_blocks: int) -> list[int]:
-        """The longest run of leading blocks already cached, at most `max_blocks`."""
+    def find_prefix(
+        self, block_hashes: Sequence[bytes], max_blocks: int, num_tokens: int | None = None
+    ) -> list[int]:
+        """The longest run of leading blocks already cached, at most `max_blocks`.
+        `num_tokens`: the prompt's length, counted as queried tokens (default: the blocks')."""
         if not self.enable_prefix_caching:
             return []
         self._num_prefix_queries += 1
+        if num_tokens is None:
+            num_tokens = len(block_hashes) * self.block_size
+        self._num_prefix_query_tokens += num_tokens
         hits = []
         for block_hash in block_hashes[:max_blocks]:
             block_id = self._cached.get(block_hash)

@@ -112,7 +112,7 @@ class Scheduler:
             )
             # At least one token must be computed, for the logits of the next one.
             max_hit_blocks = (request.num_tokens - 1) // self.kv.block_size
-            hits = self.kv.find_prefix(request.block_hashes, max_hit_blocks)
+            hits = self.kv.find_prefix(request.block_hashes, max_hit_blocks, request.num_tokens)
             if not request.spec.split_items:  # resume at an item boundary, never inside one
                 hits = hits[
                     : atomic_block_floor(request.spec.ranges, len(hits), self.kv.block_size)

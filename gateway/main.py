@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from pathlib import Path
 
 from gateway.api_keys import with_key_file
 from gateway.config import GatewayConfig, add_gateway_flags
@@ -17,9 +16,11 @@ from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
+from tessera.config_common import served_model_name
+from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.replicas import ReplicaSet
-from tessera.server import configure_logging, serve, service_spec
+from tessera.server import serve, service_spec
 from tessera.v1 import gateway_pb2_grpc
 
 
@@ -27,10 +28,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(prog="tessera gateway")
     add_gateway_flags(parser)
     return parser
-
-
-def served_model_name(config: GatewayConfig) -> str:
-    return config.served_model_name or Path(config.model.rstrip("/")).name or config.model
 
 
 async def run(config: GatewayConfig) -> None:
@@ -62,7 +59,7 @@ async def run(config: GatewayConfig) -> None:
             builder, encoders, DecoderRouter(decoders), channels, config.lease_ms
         )
         registry = new_registry()
-        names = [served_model_name(config), config.model]
+        names = [served_model_name(config.model, config.served_model_name), config.model]
         front = GatewayFront(pipeline, names, config.max_queued_requests, registry)
         servicer.front = front
         api_keys = with_key_file(config.api_keys, config.api_key_file)
@@ -110,5 +107,5 @@ async def run(config: GatewayConfig) -> None:
 
 def main(args: argparse.Namespace) -> None:
     config = GatewayConfig.from_args(args)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     asyncio.run(run(config))
