@@ -14,6 +14,7 @@ from gateway.pipeline import GenerationPipeline
 from gateway.prompt import PromptBuilder
 from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
+from gateway.stats_log import StatsLogger, decoders_stats
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
 from tessera.config_common import served_model_name
@@ -32,6 +33,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 async def run(config: GatewayConfig) -> None:
     servicer = GatewayServicer()
+    background: set[asyncio.Task] = set()  # kept referenced while the gateway runs
 
     async def load() -> str:
         family = await asyncio.to_thread(
@@ -65,6 +67,13 @@ async def run(config: GatewayConfig) -> None:
         api_keys = with_key_file(config.api_keys, config.api_key_file)
         servicer.api_keys = api_keys
         serve_metrics(config.metrics_port, config.host, registry)
+        if config.log_stats_interval:
+            stats = StatsLogger(
+                registry,
+                front.model_name,
+                lambda: decoders_stats(decoders.addresses, decoders.channel),
+            )
+            background.add(asyncio.create_task(stats.run(config.log_stats_interval)))
         http = "off"
         if config.http_port:
             policy = MediaFetchPolicy(
