@@ -111,11 +111,12 @@ class GatewayFront:
                 f"model {name!r} is not served here; use {self.model_name!r}", param="model"
             )
 
-    def refused(self, request_id: str, protocol: str, code: grpc.StatusCode) -> None:
+    def refused(self, request_id: str, protocol: str, status: str) -> None:
         """A request refused before it could reach `generate` (a body that is not JSON, a
-        bad request id, a wrong API key): counted and logged as any other."""
+        bad request id, a wrong API key): counted and logged as any other. `status`: what
+        the client got (an HTTP status, or a gRPC code's name)."""
         self.metrics.request_ended("invalid")
-        log_access(AccessRecord(request_id, protocol, self.model_name, status_text(protocol, code)))
+        log_access(AccessRecord(request_id, protocol, self.model_name, status))
 
     def _admit(self, request: ChatRequest) -> str:
         """Checks what can be checked up front; returns the cache salt to use downstream."""
