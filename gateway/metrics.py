@@ -14,6 +14,8 @@ from gateway.pipeline import ItemSources
 # that hung up) is "abort".
 FINISHED_REASONS = ("stop", "length", "tool_calls", "abort")
 ENCODER_CACHE_TIERS = ("memory", "redis")
+# How a request ended at the gateway (tessera_gateway_requests_total's `outcome`).
+OUTCOMES = ("ok", "invalid", "rejected", "error", "cancelled")
 # vLLM's request-latency buckets (seconds), for TTFT and end-to-end latency alike.
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 _ITL_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
@@ -117,6 +119,21 @@ class GatewayMetrics:
             registry=registry,
         )
         # Every label value exists from the start: a dashboard's rate() sees 0, not nothing.
+        for metric in (
+            self._prompt_tokens,
+            self._prompt_tokens_cached,
+            self._generation_tokens,
+            self._ttft,
+            self._itl,
+            self._e2e,
+            self._waiting,
+            self._running,
+            self._embedding_bytes,
+            self._cancellations,
+        ):
+            metric.labels(model_name)
+        for outcome in OUTCOMES:
+            self._requests.labels(model_name, outcome)
         for reason in FINISHED_REASONS:
             self._success.labels(model_name, reason)
         for tier in ENCODER_CACHE_TIERS:

@@ -286,7 +286,7 @@ def test_the_dashboard_queries_only_documented_exported_metrics(stack, cluster):
     queried = {
         re.sub(r"_(bucket|count|sum)$", "", name)
         for expr in exprs
-        for name in re.findall(r"\btessera_[a-z_]+", expr)
+        for name in re.findall(r"\btessera_[a-z0-9_]+", expr)
     }
     documented = (REPO / "docs/metrics.md").read_text()
     encoder = scrape(f"http://127.0.0.1:{cluster.metrics_ports['encoder']}/metrics")
