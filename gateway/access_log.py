@@ -11,17 +11,17 @@ import grpc
 
 log = logging.getLogger("tessera.gateway.access")
 
-# The HTTP status of each gRPC code the gateway ends a request with (the HTTP API's errors).
+# The HTTP status the HTTP API answers each gRPC code with; any other code is a 500.
 HTTP_STATUS = {
     grpc.StatusCode.OK: 200,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 499,  # the client went away (nginx's code for it)
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
+# A client that went away got no answer; logged as nginx does, 499.
+_CLIENT_GONE = 499
 
 
 def http_status(code: grpc.StatusCode) -> int:
@@ -30,7 +30,9 @@ def http_status(code: grpc.StatusCode) -> int:
 
 def status_text(protocol: str, code: grpc.StatusCode) -> str:
     """What the client saw: the HTTP status over HTTP, the gRPC code's name over gRPC."""
-    return str(http_status(code)) if protocol == "http" else code.name
+    if protocol != "http":
+        return code.name
+    return str(_CLIENT_GONE if code == grpc.StatusCode.CANCELLED else http_status(code))
 
 
 @dataclass

@@ -42,7 +42,6 @@ REQUEST_ID_HEADER = "X-Request-Id"
 # OpenAI's error type for each HTTP status (gateway.access_log maps gRPC codes to these).
 _KIND = {
     400: "invalid_request_error",
-    401: "invalid_request_error",
     429: "rate_limit_error",
     504: "timeout_error",
     503: "service_unavailable",
