@@ -77,25 +77,28 @@ class KVCacheManager:
 
     # -- prefix caching ------------------------------------------------------------------
 
-    def find_prefix(
-        self, block_hashes: Sequence[bytes], max_blocks: int, num_tokens: int | None = None
-    ) -> list[int]:
-        """The longest run of leading blocks already cached, at most `max_blocks`.
-        `num_tokens`: the prompt's length, counted as queried tokens (default: the blocks')."""
+    def find_prefix(self, block_hashes: Sequence[bytes], max_blocks: int) -> list[int]:
+        """The longest run of leading blocks already cached, at most `max_blocks`."""
         if not self.enable_prefix_caching:
             return []
-        self._num_prefix_queries += 1
-        if num_tokens is None:
-            num_tokens = len(block_hashes) * self.block_size
-        self._num_prefix_query_tokens += num_tokens
         hits = []
         for block_hash in block_hashes[:max_blocks]:
             block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
             hits.append(block_id)
-        self._num_prefix_hit_blocks += len(hits)
         return hits
+
+    def record_lookup(self, num_tokens: int, num_hit_blocks: int) -> None:
+        """Counts one admission's lookup: its prompt's `num_tokens` queried (in tokens, as
+        vLLM's prefix_cache_queries) and the blocks it resumed from. Counted once the
+        request is admitted, not per attempt, so a request that waits is not counted
+        again each step."""
+        if not self.enable_prefix_caching:
+            return
+        self._num_prefix_queries += 1
+        self._num_prefix_query_tokens += num_tokens
+        self._num_prefix_hit_blocks += num_hit_blocks
 
     def cache_full_blocks(
         self, request_id: str, block_hashes: Sequence[bytes], num_full_blocks: int

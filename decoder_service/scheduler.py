@@ -112,7 +112,7 @@ class Scheduler:
             )
             # At least one token must be computed, for the logits of the next one.
             max_hit_blocks = (request.num_tokens - 1) // self.kv.block_size
-            hits = self.kv.find_prefix(request.block_hashes, max_hit_blocks, request.num_tokens)
+            hits = self.kv.find_prefix(request.block_hashes, max_hit_blocks)
             if not request.spec.split_items:  # resume at an item boundary, never inside one
                 hits = hits[
                     : atomic_block_floor(request.spec.ranges, len(hits), self.kv.block_size)
@@ -124,6 +124,7 @@ class Scheduler:
             if self.kv.blocks_for(first_chunk_end) - len(hits) > free_after_hits:
                 return  # oldest first: nobody overtakes the head of the queue
             self.waiting.popleft()
+            self.kv.record_lookup(request.num_tokens, len(hits))
             self.kv.start(request.request_id, hits)
             request.num_computed_tokens = len(hits) * self.kv.block_size
             if not request.admitted:
