@@ -24,11 +24,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def Generate(self, request, context):
         await abort_unless_ready(context, self.front is not None)
         request_id = request.request_id or _metadata(context, REQUEST_ID_KEY)
+        request_id = request_id or GenerationPipeline.new_request_id()
         try:
             tenant = self.api_keys.tenant_for(_metadata(context, "authorization"))
         except UnauthenticatedError as error:
-            await self._refuse(context, request_id, grpc.StatusCode.UNAUTHENTICATED, error)
-        request_id = request_id or GenerationPipeline.new_request_id()
+            # Logged under an id of our own: the caller's is not checked yet.
+            own_id = GenerationPipeline.new_request_id()
+            await self._refuse(context, own_id, grpc.StatusCode.UNAUTHENTICATED, error)
         try:
             check_request_id(request_id)
         except ValueError as error:
