@@ -70,10 +70,21 @@ def formatter_for(log_format: str) -> logging.Formatter:
 
 
 def configure_logging(level: str = "INFO", log_format: str = "text") -> None:
-    """The root logger at `level`, writing `log_format` lines to stderr."""
+    """The root logger at `level`, writing `log_format` lines to stderr. With JSON, what
+    would otherwise write raw text to stderr goes through logging or stays quiet: Python
+    warnings and transformers' messages become log lines, and its progress bars (weight
+    loading) are off, so every line a service writes parses."""
     handler = logging.StreamHandler()
     handler.setFormatter(formatter_for(log_format))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.captureWarnings(log_format == "json")
+    if log_format == "json":
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        # transformers writes its warnings through a handler of its own: ours instead.
+        transformers_logging.disable_default_handler()
+        transformers_logging.enable_propagation()
 
 
 def add_log_format_flag(parser: argparse.ArgumentParser, default: str) -> None:
