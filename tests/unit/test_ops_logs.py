@@ -15,7 +15,7 @@ from gateway.access_log import AccessRecord, log_access, status_text
 from gateway.config import GatewayConfig, add_gateway_flags
 from gateway.stats_log import Snapshot, stats_line
 from tessera.launcher import route_flags
-from tessera.logs import JsonFormatter, TextFormatter, formatter_for
+from tessera.logs import JsonFormatter, TextFormatter, configure_logging, formatter_for
 from tessera.v1 import decoder_pb2
 
 
@@ -153,3 +153,36 @@ def test_an_idle_interval_logs_nothing_but_running_requests_do():
     assert stats_line(idle, later, []) is None
     line = stats_line(idle, Snapshot(at=10.0, requests=3, running=1), [])
     assert line is not None and "Running: 1 reqs" in line
+
+
+@pytest.fixture
+def restore_logging():
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    from transformers.utils import logging as transformers_logging
+
+    logging.captureWarnings(False)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    transformers_logging.enable_default_handler()
+    transformers_logging.disable_propagation()
+    transformers_logging.enable_progress_bar()
+
+
+def test_with_json_every_line_parses_warnings_and_transformers_included(capsys, restore_logging):
+    import warnings
+
+    from transformers.utils import logging as transformers_logging
+
+    configure_logging("INFO", "json")
+    logging.getLogger("tessera.test").info("ready", extra={"fields": {"port": 1}})
+    warnings.warn("something odd", UserWarning, stacklevel=1)
+    transformers_logging.get_logger("transformers.test").warning("from transformers")
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["logger"] for line in lines] == [
+        "tessera.test",
+        "py.warnings",
+        "transformers.test",
+    ]
+    assert lines[0]["port"] == 1 and "something odd" in lines[1]["message"]
