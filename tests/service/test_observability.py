@@ -21,6 +21,7 @@ from gateway.pipeline import ItemSources
 from gateway.stats_log import StatsLogger, decoders_stats
 from tessera.client import Client, Message
 from tessera.launcher import free_port
+from tessera.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.cluster import Cluster
 from tests.reference import noise_image
 
@@ -298,3 +299,18 @@ def test_the_dashboard_queries_only_documented_exported_metrics(stack, cluster):
     for name in sorted(queried):
         assert f"`{name}`" in documented, f"{name} is not in docs/metrics.md"
         assert name in exported, f"{name} is not exported"
+
+
+def test_a_grpc_request_refused_before_generation_is_counted_and_logged(stack):
+    before = gateway_metrics(stack)
+    request_id = f"obs-grpc-bad-{uuid.uuid4().hex[:8]}"
+    empty_part = gateway_pb2.ChatMessage(role="user", content=[gateway_pb2.ContentPart()])
+    request = gateway_pb2.GenerateRequest(request_id=request_id, messages=[empty_part])
+    with grpc.insecure_channel(stack.address("gateway")) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Generate(request, timeout=30))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    after = gateway_metrics(stack)
+    assert delta(before, after, g("tessera_gateway_requests_total", outcome="invalid")) == 1
+    assert access_line(stack, request_id)["status"] == "INVALID_ARGUMENT"
