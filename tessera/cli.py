@@ -201,7 +201,8 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
         "(the start message names the client certificate)",
     )
 
-    generate = commands.add_parser("generate", help="send one request to a gateway")
+    text = "send one request to a gateway and print the answer as it streams"
+    generate = commands.add_parser("generate", help=text, description=text)
     generate.add_argument("prompt")
     generate.add_argument("--server", default="127.0.0.1:50051")
     generate.add_argument("--image", action="append", default=[], help="image file (repeatable)")
@@ -228,9 +229,8 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
         help="the gateway's API key, if it has any (env TESSERA_API_KEY)",
     )
 
-    demo = commands.add_parser(
-        "make-demo-model", help="write a random-weight checkpoint of a supported family"
-    )
+    text = "write a random-weight checkpoint of a supported family (no downloads)"
+    demo = commands.add_parser("make-demo-model", help=text, description=text)
     demo.add_argument("dir")
     demo.add_argument("--family", choices=list(DEMO_FAMILIES), default=DEFAULT_FAMILY)
     demo.add_argument("--seed", type=int, default=0)
