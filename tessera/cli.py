@@ -168,13 +168,23 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
         default=None,
         help=f"serve a generated demo checkpoint of this family (default: {DEFAULT_FAMILY})",
     )
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address every service listens on")
     serve.add_argument("--port", type=int, default=50051, help="the gateway's gRPC port")
-    serve.add_argument("--max-chunk-tokens", type=int, default=None)
+    serve.add_argument(
+        "--max-chunk-tokens",
+        type=int,
+        default=None,
+        help="most prompt tokens per prefill chunk (default: the decoder's)",
+    )
     serve.add_argument(
         "--http-port", type=int, default=8000, help="the OpenAI-compatible HTTP API (0: off)"
     )
-    serve.add_argument("--ready-timeout", type=float, default=600.0)
+    serve.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for every service to load its model and serve",
+    )
     serve.add_argument(
         "--encoders",
         type=replica_count,
@@ -203,8 +213,8 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
 
     text = "send one request to a gateway and print the answer as it streams"
     generate = commands.add_parser("generate", help=text, description=text)
-    generate.add_argument("prompt")
-    generate.add_argument("--server", default="127.0.0.1:50051")
+    generate.add_argument("prompt", help="the user message's text (after the media)")
+    generate.add_argument("--server", default="127.0.0.1:50051", help="the gateway's host:port")
     generate.add_argument("--image", action="append", default=[], help="image file (repeatable)")
     generate.add_argument(
         "--audio",
@@ -212,9 +222,11 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
         default=[],
         help="audio file: WAV, FLAC, OGG, MP3, ... (repeatable; after the images)",
     )
-    generate.add_argument("--max-tokens", type=int, default=64)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
+    generate.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)"
+    )
+    generate.add_argument("--seed", type=int, default=None, help="seed for sampling")
     generate.add_argument("--json", action="store_true", help="print one JSON object")
     generate.add_argument(
         "--mm-processor-kwargs",
@@ -231,10 +243,17 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
 
     text = "write a random-weight checkpoint of a supported family (no downloads)"
     demo = commands.add_parser("make-demo-model", help=text, description=text)
-    demo.add_argument("dir")
-    demo.add_argument("--family", choices=list(DEMO_FAMILIES), default=DEFAULT_FAMILY)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--size", choices=list(DEMO_MODEL_SIZES), default="tiny")
+    demo.add_argument("dir", help="directory to write the checkpoint to")
+    demo.add_argument(
+        "--family", choices=list(DEMO_FAMILIES), default=DEFAULT_FAMILY, help="model family"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    demo.add_argument(
+        "--size",
+        choices=list(DEMO_MODEL_SIZES),
+        default="tiny",
+        help="tiny: for tests and trying it out; bench: larger, for benchmarks",
+    )
     return parser
 
 
