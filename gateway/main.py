@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from pathlib import Path
 
 from gateway.api_keys import with_key_file
 from gateway.config import GatewayConfig, add_gateway_flags
@@ -15,11 +14,14 @@ from gateway.pipeline import GenerationPipeline
 from gateway.prompt import PromptBuilder
 from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
+from gateway.stats_log import StatsLogger, decoders_stats
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
+from tessera.config_common import served_model_names
+from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.replicas import ReplicaSet
-from tessera.server import configure_logging, serve, service_spec
+from tessera.server import serve, service_spec
 from tessera.startup_flags import HelpFormatter, load_chat_template
 from tessera.v1 import gateway_pb2_grpc
 
@@ -32,14 +34,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
-def served_model_names(config: GatewayConfig) -> list[str]:
-    """The names /v1/models lists: --served-model-name, else the checkpoint directory's
-    name (never its path, which says where files live on the server)."""
-    if config.served_model_name:
-        return list(dict.fromkeys(config.served_model_name))
-    return [Path(config.model.rstrip("/")).name or config.model]
-
-
 def hidden_model_names(config: GatewayConfig) -> list[str]:
     """Names requests may use that no listing shows: without --served-model-name, the
     --model argument itself (vLLM's default name)."""
@@ -48,6 +42,7 @@ def hidden_model_names(config: GatewayConfig) -> list[str]:
 
 async def run(config: GatewayConfig) -> None:
     servicer = GatewayServicer()
+    background: set[asyncio.Task] = set()  # kept referenced while the gateway runs
 
     async def load() -> str:
         chat_template = load_chat_template(config.chat_template) if config.chat_template else None
@@ -79,7 +74,7 @@ async def run(config: GatewayConfig) -> None:
         registry = new_registry()
         front = GatewayFront(
             pipeline,
-            served_model_names(config),
+            served_model_names(config.model, config.served_model_name),
             config.max_queued_requests,
             registry,
             hidden_names=hidden_model_names(config),
@@ -88,6 +83,13 @@ async def run(config: GatewayConfig) -> None:
         api_keys = with_key_file(config.api_keys, config.api_key_file)
         servicer.api_keys = api_keys
         serve_metrics(config.metrics_port, config.host, registry)
+        if config.log_stats_interval:
+            stats = StatsLogger(
+                registry,
+                front.model_name,
+                lambda: decoders_stats(decoders.addresses, decoders.channel),
+            )
+            background.add(asyncio.create_task(stats.run(config.log_stats_interval)))
         http = "off"
         if config.http_port:
             policy = MediaFetchPolicy(
@@ -131,5 +133,5 @@ async def run(config: GatewayConfig) -> None:
 
 def main(args: argparse.Namespace) -> None:
     config = GatewayConfig.from_args(args)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     asyncio.run(run(config))

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
+from tessera.logs import LOG_FORMATS, add_log_format_flag
 from tessera.startup_flags import dtype_flag, log_level, port_number
 
 T = TypeVar("T")
@@ -19,6 +21,43 @@ def env_default(name: str, default: T, parse: Callable[[str], T] = str) -> T:  #
     """`parse(os.environ[name])` if set, else `default`."""
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else parse(raw)
+
+
+def _log_format(value: str) -> str:
+    if value not in LOG_FORMATS:
+        raise SystemExit(f"TESSERA_LOG_FORMAT={value!r}: use one of {', '.join(LOG_FORMATS)}")
+    return value
+
+
+def served_model_names(model: str, override: Sequence[str] | str | None) -> list[str]:
+    """The model's names in the API (--served-model-name, as many as given): `override`,
+    else the checkpoint directory's (or hub id's) last part, never its path.
+
+    Example: served_model_names("/models/llava-1.5/", None) == ["llava-1.5"]
+    """
+    if isinstance(override, str):
+        override = [override]
+    return list(dict.fromkeys(override)) if override else [Path(model.rstrip("/")).name or model]
+
+
+def served_model_name(model: str, override: Sequence[str] | str | None) -> str:
+    """The first of the served names: the one responses carry and metrics' `model_name`
+    label.
+
+    Example: served_model_name("/models/llava-1.5/", None) == "llava-1.5"
+    """
+    return served_model_names(model, override)[0]
+
+
+def add_served_model_name_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the model's names in the API: /v1/models lists them, requests may name any; "
+        "the first is the one responses and metrics' model_name label carry (default: the "
+        "checkpoint directory's name)",
+    )
 
 
 @dataclass(frozen=True)
@@ -69,6 +108,7 @@ def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None
         help="debug, info, warning, error (env TESSERA_LOG_LEVEL); debug also prints the "
         "traceback of a start-up failure",
     )
+    add_log_format_flag(parser, env_default("TESSERA_LOG_FORMAT", "text", _log_format))
     parser.add_argument(
         "--enable-reflection",
         action="store_true",

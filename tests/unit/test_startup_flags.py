@@ -82,8 +82,11 @@ def test_serve_routes_every_served_name_to_the_gateway():
 
     extra = ["--served-model-name", "a", "b", "--max-num-seqs", "2", "--served-model-name=c"]
     routed = route_flags(extra, service_parsers())
-    assert routed["gateway"] == ["--served-model-name", "a", "b", "--served-model-name=c"]
-    assert routed["decoder"] == ["--max-num-seqs", "2"]
+    names = ["--served-model-name", "a", "b", "--served-model-name=c"]
+    assert routed["gateway"] == names
+    # The decoder takes them too (the model_name label of its metrics).
+    assert routed["decoder"] == ["--served-model-name", "a", "b", "--max-num-seqs", "2", names[-1]]
+    assert routed["encoder"] == []
 
 
 def test_served_model_names_take_one_or_more():
