@@ -31,11 +31,12 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
+from tessera.sampling import check_structured_output
 from tessera.v1 import common_pb2
 
-# A caller is hostile: the text is bounded before anything parses it, and llguidance's
-# own limits bound what compiling and each step's mask may cost.
-MAX_GRAMMAR_CHARS = 64 * 1024
+# A caller is hostile: the text is bounded (tessera.limits.MAX_GRAMMAR_CHARS) before
+# anything parses it, and llguidance's own limits bound what compiling and each step's
+# mask may cost.
 GRAMMAR_CACHE_SIZE = 64
 _LIMITS = dict(
     max_items_in_row=2000,
@@ -72,21 +73,13 @@ _ANY_OBJECT_SCHEMA = '{"type": "object"}'
 
 def grammar_spec_from_proto(message: common_pb2.StructuredOutput) -> GrammarSpec | None:
     """None when no kind is set (unconstrained). Raises ValueError naming the field."""
+    check_structured_output(message)
     kind = message.WhichOneof("kind")
     if kind is None:
         return None
     if kind == "json_object":
-        if not message.json_object:
-            raise ValueError("structured_output.json_object must be true when set")
         return GrammarSpec(GrammarKind.JSON_OBJECT)
-    text = getattr(message, kind)
-    if not text.strip():
-        raise ValueError(f"structured_output.{kind} is empty")
-    if len(text) > MAX_GRAMMAR_CHARS:
-        raise ValueError(
-            f"structured_output.{kind} has {len(text)} characters; at most {MAX_GRAMMAR_CHARS}"
-        )
-    return GrammarSpec(GrammarKind(kind), text)
+    return GrammarSpec(GrammarKind(kind), getattr(message, kind))
 
 
 def _grammar_text(spec: GrammarSpec) -> str:

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from decoder_service.grammar import (
-    MAX_GRAMMAR_CHARS,
     GrammarCompiler,
     GrammarKind,
     GrammarSpec,
@@ -19,6 +18,7 @@ from decoder_service.grammar import (
 from decoder_service.request import SamplingOptions
 from decoder_service.sampler import sample
 from tessera.demo_models.llava import build_tokenizer_for_llava
+from tessera.limits import MAX_GRAMMAR_CHARS
 from tessera.v1 import common_pb2
 
 # The model's vocabulary is padded past the tokenizer's, as many checkpoints' are.
