@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import re
 
+import grpc
 import jsonschema
 import openai
 import pytest
 
+from tessera.client import Client, Message
 from tessera.launcher import free_port
+from tessera.v1 import common_pb2
 from tests.cluster import Cluster
 
 MODEL = "demo-structured"
@@ -66,20 +69,28 @@ SCHEMAS = {"person": PERSON, "nested": NESTED}
 
 
 @pytest.fixture(scope="module")
-def client(demo_model_dir):
-    stack = Cluster()
-    port = free_port()
+def stack(demo_model_dir):
+    services = Cluster()
+    services.http_port = free_port()
     try:
-        stack.start_stack(
+        services.start_stack(
             demo_model_dir,
-            gateway_args=["--http-port", str(port), "--served-model-name", MODEL],
+            gateway_args=["--http-port", str(services.http_port), "--served-model-name", MODEL],
         )
-        stack.wait_ready()
-        yield openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120
-        )
+        services.wait_ready()
+        yield services
     finally:
-        stack.stop()
+        services.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    return openai.OpenAI(
+        base_url=f"http://127.0.0.1:{stack.http_port}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=120,
+    )
 
 
 def chat(client, prompt: str = PROMPT, **options):
@@ -211,3 +222,19 @@ def test_a_bad_stream_is_a_plain_400(client):
                 "json_schema": {"name": "x", "schema": {"type": "foo"}},
             },
         )
+
+
+def test_lark_grammar_over_grpc(stack):
+    lark = common_pb2.StructuredOutput(lark='start: ("yes" | "no") " " NUM\nNUM: /[0-9]{2}/')
+    sampling = common_pb2.SamplingParams(max_tokens=20, structured_output=lark)
+    with Client(stack.address("gateway"), max_retries=0) as grpc_client:
+        completion = grpc_client.complete([Message("user", [PROMPT])], sampling)
+        assert re.fullmatch(r"(yes|no) [0-9]{2}", completion.text), completion.text
+        assert completion.finish_reason == "stop"
+        bad = common_pb2.SamplingParams(
+            max_tokens=4, structured_output=common_pb2.StructuredOutput(lark="start: nothing")
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            grpc_client.complete([Message("user", [PROMPT])], bad)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "structured_output.lark" in caught.value.details()
