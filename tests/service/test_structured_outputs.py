@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import jsonschema
@@ -238,3 +239,17 @@ def test_lark_grammar_over_grpc(stack):
             grpc_client.complete([Message("user", [PROMPT])], bad)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "structured_output.lark" in caught.value.details()
+
+
+def test_a_mask_applies_to_its_own_request_only(client):
+    """Constrained and free requests decoded together: the free one's text is what it is
+    alone, the constrained one's validates."""
+    alone = chat(client, max_tokens=24).choices[0].message.content
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        structured = [
+            pool.submit(chat, client, response_format=schema_format("person")) for _ in range(2)
+        ]
+        free = [pool.submit(chat, client, max_tokens=24) for _ in range(2)]
+        for future in structured:
+            jsonschema.validate(json.loads(future.result().choices[0].message.content), PERSON)
+        assert [f.result().choices[0].message.content for f in free] == [alone, alone]
