@@ -126,7 +126,7 @@ def _no_other_keys(value: dict, allowed: set | frozenset, param: str) -> None:
 # -- the OpenAPI document ---------------------------------------------------------------
 
 
-def _response_format() -> Schema:
+def _response_format_schema() -> Schema:
     json_schema = {
         "type": "object",
         "required": ["name", "schema"],
@@ -174,7 +174,7 @@ def openapi_fields() -> dict[str, Schema]:
     """The request fields above in the OpenAPI document (gateway/openapi.py)."""
     refused = ", ".join(UNSUPPORTED_FIELDS)
     return {
-        "response_format": _response_format(),
+        "response_format": _response_format_schema(),
         "guided_json": {
             "type": ["object", "boolean", "string", "null"],
             "description": (

@@ -183,6 +183,8 @@ BAD_FORMATS = [
     ),
     ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema"),
     ({"type": "json_schema", "json_schema": {"schema": {}}}, "response_format.json_schema.name"),
+    # A schema that nothing matches.
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": False}}, "json_schema"),
     ({"type": "xml"}, "response_format"),
     ({"type": "json_object", "schema": {}}, "response_format"),
     ("json", "response_format"),
