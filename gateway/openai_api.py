@@ -12,6 +12,7 @@ from typing import Any
 from gateway.front import ChatRequest, Outcome, Rejected
 from gateway.media_fetch import MediaFetchPolicy, MediaURLError, load_media_url
 from gateway.prompt import ChatInput, MediaPart, TextPart
+from gateway.structured import structured_output_from_body
 from tessera.media import options_from_json
 from tessera.placeholders import Modality
 from tessera.sampling import MAX_TOP_LOGPROBS
@@ -82,6 +83,9 @@ def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
     top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if _boolean(body, "logprobs"):
         sampling.num_top_logprobs = max(1, top or 0)
+    structured = structured_output_from_body(body)
+    if structured is not None:
+        sampling.structured_output.CopyFrom(structured)
     return sampling
 
 

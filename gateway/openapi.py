@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway import openai_api
+from gateway import openai_api, structured
 from tessera import __version__
 from tessera.limits import MAX_REQUEST_ID_CHARS
 from tessera.placeholders import Modality
@@ -200,6 +200,7 @@ def _chat_request() -> Schema:
                 "type": "string",
                 "description": "Tessera: prefix-cache entries are shared only with the same salt.",
             },
+            **structured.openapi_fields(),
         },
         "additionalProperties": True,
     }

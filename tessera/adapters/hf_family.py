@@ -72,6 +72,11 @@ class HFFamily:
         """--chat-template: apply_chat_template renders with the processor's template."""
         self._processor.chat_template = template
 
+    @property
+    def tokenizer(self) -> Any:
+        """The processor's tokenizer (the decoder builds grammar masks from it)."""
+        return self._tokenizer
+
     def _check_chat_template(self) -> None:
         if self._tokenizer.chat_template is None and self._processor.chat_template is None:
             raise ValueError(f"{self.model_dir} has no chat template; add one to the tokenizer")
