@@ -93,9 +93,13 @@ class GatewayFront:
         model_names: Sequence[str],
         max_queued_requests: int,
         registry: CollectorRegistry,
+        hidden_names: Sequence[str] = (),
     ):
         self.pipeline = pipeline
+        # What /v1/models lists; requests may also name one of `hidden_names` (the
+        # --model argument, as vLLM accepts it), which no listing shows.
         self.model_names = list(model_names)
+        self.accepted_names = frozenset([*model_names, *hidden_names])
         self.max_queued_requests = max_queued_requests
         self.metrics = GatewayMetrics(registry, self.model_names[0])
         pipeline.encoded_listeners.append(self.metrics.encoder_cache)
@@ -106,7 +110,7 @@ class GatewayFront:
         return self.model_names[0]
 
     def check_model(self, name: str) -> None:
-        if name and name not in self.model_names:
+        if name and name not in self.accepted_names:
             raise Rejected(
                 f"model {name!r} is not served here; use {self.model_name!r}", param="model"
             )

@@ -17,7 +17,7 @@ where it adds text around the placeholders (Gemma 3's blank lines).
 from __future__ import annotations
 
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -29,6 +29,7 @@ from tessera.hashing import salted_hash
 from tessera.media import ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
+from tessera.startup_flags import MediaCountLimits
 
 ROLES = ("system", "user", "assistant")
 T = TypeVar("T")
@@ -82,12 +83,13 @@ class PromptBuilder:
         self,
         family: ModelFamily,
         limits: MediaLimits,
-        limit_mm_per_prompt: int,
+        limit_mm_per_prompt: MediaCountLimits | int,
         default_processing_options: Mapping[str, int] | None = None,
     ):
         self.family = family
         self.decoder = MediaDecoder.for_family(family, limits)
-        self.limit_mm_per_prompt = limit_mm_per_prompt
+        # A plain number: that many items of every modality.
+        self.limit_mm_per_prompt = MediaCountLimits.of(limit_mm_per_prompt)
         self.default_processing_options = dict(default_processing_options or {})
 
     def build(
@@ -136,16 +138,23 @@ class PromptBuilder:
                         )
                     media.append(part)
         self._check_text_length(messages)
-        if len(media) > self.limit_mm_per_prompt:
-            raise PromptError(
-                f"{len(media)} media items; at most {self.limit_mm_per_prompt} per request "
-                "(--limit-mm-per-prompt)"
-            )
+        self._check_media_counts(media)
         try:
             self.decoder.check_request_pixels((part.modality, part.data) for part in media)
         except ValueError as error:
             raise PromptError(str(error)) from None
         return media
+
+    def _check_media_counts(self, media: Sequence[MediaPart]) -> None:
+        """Refuses more items of a modality than --limit-mm-per-prompt allows, naming it."""
+        counts = Counter(part.modality.value for part in media)
+        for modality, count in sorted(counts.items()):
+            limit = self.limit_mm_per_prompt.limit(modality)
+            if count > limit:
+                raise PromptError(
+                    f"{count} {modality} items; at most {limit} {modality} items per request "
+                    "(--limit-mm-per-prompt)"
+                )
 
     def _check_text_length(self, messages: Sequence[ChatInput]) -> None:
         """Refuses text that cannot fit the context before it is tokenized: tokenizing

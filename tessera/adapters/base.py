@@ -46,10 +46,14 @@ class LoadOptions:
 
     parts: ModelPart
     device: str = "cpu"
-    dtype: torch.dtype = torch.float32
+    # A torch dtype, or a --dtype name ("auto": the checkpoint's), which load_family
+    # resolves before the family sees it.
+    dtype: torch.dtype | str = torch.float32
     # A name registered with transformers' AttentionInterface for the language model
     # (the decoder's paged attention); None keeps the model's default.
     text_attention: str | None = None
+    # The gateway's --chat-template: renders prompts instead of the checkpoint's template.
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
