@@ -15,6 +15,7 @@ from gateway.pipeline import GenerationPipeline
 from gateway.prompt import PromptBuilder
 from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
+from gateway.tools import ToolSettings
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
 from tessera.metrics import new_registry, serve_metrics
@@ -85,6 +86,7 @@ async def run(config: GatewayConfig) -> None:
                 [encoders, decoders],
                 api_keys,
                 metrics_route=not config.metrics_port,
+                tool_settings=ToolSettings(config.tool_call_parser, config.enable_auto_tool_choice),
             )
             await start_http(api.app, config.host, config.http_port)
             http = f"http://{config.host}:{config.http_port}"

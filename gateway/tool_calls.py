@@ -185,3 +185,19 @@ def parse_tool_calls(text: str, max_calls: int | None = None) -> ParsedMessage:
     """The message of a whole output: the same parse as a stream of it."""
     stream = HermesStream(max_calls)
     return merge_deltas(stream.feed(text) + stream.finish())
+
+
+class PlainStream:
+    """Text deltas as they are: a request whose calls are not parsed."""
+
+    num_calls = 0
+
+    def feed(self, text: str) -> list[dict]:
+        return [{"content": text}]
+
+    def finish(self) -> list[dict]:
+        return []
+
+
+def output_stream(parse_calls: bool, parallel: bool) -> HermesStream | PlainStream:
+    return HermesStream(None if parallel else 1) if parse_calls else PlainStream()

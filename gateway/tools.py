@@ -67,6 +67,9 @@ class ToolSettings:
     enable_auto_tool_choice: bool = False
 
 
+DEFAULT_TOOL_SETTINGS = ToolSettings()
+
+
 def _require(condition: bool, message: str, param: str) -> None:
     if not condition:
         raise Rejected(message, param=param)
@@ -211,3 +214,62 @@ def forced_call_grammar(request: ToolRequest) -> common_pb2.StructuredOutput | N
             param="tools",
         )
     return common_pb2.StructuredOutput(lark=grammar)
+
+
+MAX_HISTORY_CALLS = 64
+
+
+def history_fields(param: str, message: dict) -> dict:
+    """`tool_calls` of an assistant turn and `tool_call_id` of a tool turn, in the shape
+    chat templates take (a call's arguments as a dict, where OpenAI sends JSON text)."""
+    role = message.get("role")
+    calls = message.get("tool_calls")
+    call_id = message.get("tool_call_id")
+    fields: dict[str, Any] = {}
+    if calls is not None:
+        _require(role == "assistant", f"{param}.tool_calls is for assistant messages", param)
+        _require(
+            isinstance(calls, list) and len(calls) <= MAX_HISTORY_CALLS,
+            f"{param}.tool_calls must be a list of at most {MAX_HISTORY_CALLS} calls",
+            f"{param}.tool_calls",
+        )
+        fields["tool_calls"] = tuple(
+            _history_call(f"{param}.tool_calls[{i}]", call) for i, call in enumerate(calls)
+        )
+    if role == "tool":
+        _require(
+            isinstance(call_id, str) and call_id,
+            f"{param}.tool_call_id must name the call this message answers",
+            f"{param}.tool_call_id",
+        )
+        fields["tool_call_id"] = call_id
+    else:
+        _require(call_id is None, f"{param}.tool_call_id is for tool messages", param)
+    return fields
+
+
+def _history_call(param: str, call: Any) -> dict:
+    _require(isinstance(call, dict), f"{param} must be an object", param)
+    _require(call.get("type", "function") == "function", f'{param}.type must be "function"', param)
+    call_id = call.get("id", "")
+    _require(isinstance(call_id, str), f"{param}.id must be a string", f"{param}.id")
+    function = call.get("function")
+    _require(isinstance(function, dict), f"{param}.function must be an object", param)
+    name = function.get("name")
+    _require(isinstance(name, str) and name, f"{param}.function.name must be a string", param)
+    text = function.get("arguments", "{}")
+    _require(
+        isinstance(text, str),
+        f"{param}.function.arguments must be JSON text",
+        f"{param}.function.arguments",
+    )
+    try:
+        arguments = json.loads(text)
+    except ValueError:
+        arguments = None
+    _require(
+        isinstance(arguments, dict),
+        f"{param}.function.arguments must be a JSON object",
+        f"{param}.function.arguments",
+    )
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
