@@ -192,6 +192,15 @@ def _choice(choice: Any, names: list[str]) -> tuple[str, str]:
     return "function", name
 
 
+# llguidance's JSON options: the arguments written as json.dumps writes them (and as the
+# template shows calls), with no free whitespace for a model to loop in.
+_COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _compact(schema: dict) -> dict:
+    return {**schema, "x-guidance": _COMPACT_JSON}
+
+
 def forced_call_grammar(request: ToolRequest) -> common_pb2.StructuredOutput | None:
     """The Lark grammar whose language is exactly hermes call text for the functions the
     request allows (None when the output stays free): one call, or with
@@ -202,7 +211,7 @@ def forced_call_grammar(request: ToolRequest) -> common_pb2.StructuredOutput | N
     rules = [
         f'call_{i}: "<tool_call>\\n{{\\"name\\": \\"{tool.name}\\", \\"arguments\\": " '
         f'args_{i} "}}\\n</tool_call>"\n'
-        f"args_{i}: %json {json.dumps(tool.parameters)}\n"
+        f"args_{i}: %json {json.dumps(_compact(tool.parameters))}\n"
         for i, tool in enumerate(allowed)
     ]
     call = " | ".join(f"call_{i}" for i in range(len(allowed)))
