@@ -253,31 +253,3 @@ def check_size(size: str, sizes: dict[str, Any]) -> Any:
     if size not in sizes:
         raise ValueError(f"unknown demo model size {size!r}; choose from {sorted(sizes)}")
     return sizes[size]
-
-
-# Hermes-style function calling, worded as Qwen2.5's chat template does it, so that a demo
-# checkpoint and a real Qwen one are prompted and parsed (gateway/tool_calls.py) alike:
-# the tools are listed in the system turn inside <tools></tools>, a call is
-# <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, and a tool's answer comes
-# back in a user turn inside <tool_response></tool_response>.
-TOOLS_SYSTEM_JINJA = (
-    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
-    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name "
-    'and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": '
-    '<function-name>, "arguments": <args-json-object>}\\n</tool_call>\' -}}'
-)
-# An assistant turn's calls, after its content (if any); arguments may be a dict or text.
-TOOL_CALLS_JINJA = (
-    "{%- for call in (message['tool_calls'] or []) -%}"
-    "{%- set function = call['function'] if call['function'] is defined else call -%}"
-    "{%- if not loop.first or message['content'] -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + function['name'] + '\", \"arguments\": ' -}}"
-    "{%- if function['arguments'] is string -%}{{- function['arguments'] -}}"
-    "{%- else -%}{{- function['arguments'] | tojson -}}{%- endif -%}"
-    "{{- '}\\n</tool_call>' -}}"
-    "{%- endfor -%}"
-)
-TOOL_RESPONSE_OPEN = "<tool_response>\\n"
-TOOL_RESPONSE_CLOSE = "\\n</tool_response>"

@@ -22,10 +22,6 @@ from tessera.demo_models.common import (
     BENCH_VISION,
     TINY_TEXT,
     TINY_VISION,
-    TOOL_CALLS_JINJA,
-    TOOL_RESPONSE_CLOSE,
-    TOOL_RESPONSE_OPEN,
-    TOOLS_SYSTEM_JINJA,
     Progress,
     TextSize,
     VisionSize,
@@ -36,6 +32,12 @@ from tessera.demo_models.common import (
     save_checkpoint,
     silent_ids,
     text_config_kwargs,
+)
+from tessera.demo_models.tool_template import (
+    TOOL_CALLS_JINJA,
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    TOOLS_SYSTEM_JINJA,
 )
 
 IMAGE_TOKEN = "<image>"

@@ -10,6 +10,7 @@ import json
 import llguidance
 import llguidance.hf
 import pytest
+from transformers.utils.chat_template_utils import render_jinja_template
 
 from gateway.front import Rejected
 from gateway.media_fetch import MediaFetchPolicy
@@ -18,6 +19,7 @@ from gateway.prompt import PromptBuilder
 from gateway.tool_calls import parse_tool_calls
 from gateway.tools import ToolSettings, forced_call_grammar, tools_from_body
 from tessera.adapters import LoadOptions, ModelPart, load_family
+from tessera.demo_models.qwen_vl import QWEN2_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
 from tessera.media_decoder import MediaLimits
 
 PARAMETERS = {
@@ -115,3 +117,30 @@ def test_tools_and_tool_history_reach_the_prompt(family):
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
     assert call("get_weather", {"city": "Rome"}) in text
     assert "<tool_response>\nSunny.\n</tool_response>" in text
+
+
+@pytest.mark.parametrize("template", [QWEN2_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE])
+def test_the_qwen_demo_templates_write_qwen25_tool_turns(template):
+    """Qwen2.5's own template's output for the same conversation (its tools section,
+    calls and grouped tool responses)."""
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_time", "arguments": {"zone": "UTC"}}}],
+        },
+        {"role": "tool", "content": "12:00"},
+        {"role": "tool", "content": [{"type": "text", "text": "13:00"}]},
+    ]
+    text = render_jinja_template(
+        [messages], tools=TOOLS[1:], chat_template=template, add_generation_prompt=True
+    )[0][0]
+    assert text.startswith("<|im_start|>system\n")
+    assert '<tools>\n{"type": "function", "function": {"name": "get_time"}}\n</tools>' in text
+    assert text.endswith(
+        "<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n12:00\n</tool_response>\n"
+        "<tool_response>\n13:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
