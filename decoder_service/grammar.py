@@ -69,6 +69,10 @@ class GrammarSpec:
 
 # Any JSON object: the same compiler as a schema, so both behave alike.
 _ANY_OBJECT_SCHEMA = '{"type": "object"}'
+# JSON is written in one line with json.dumps' separators: free whitespace lets a weak
+# model emit newlines forever and never close the object. (A schema's own "x-guidance"
+# options, llguidance's extension, may still ask for other whitespace.)
+_JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def grammar_spec_from_proto(message: common_pb2.StructuredOutput) -> GrammarSpec | None:
@@ -85,9 +89,11 @@ def grammar_spec_from_proto(message: common_pb2.StructuredOutput) -> GrammarSpec
 def _grammar_text(spec: GrammarSpec) -> str:
     """llguidance's grammar for `spec` (not yet checked: building a matcher checks it)."""
     if spec.kind is GrammarKind.JSON_OBJECT:
-        return llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT_SCHEMA)
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            _ANY_OBJECT_SCHEMA, defaults=_JSON_DEFAULTS
+        )
     if spec.kind is GrammarKind.JSON_SCHEMA:
-        return llguidance.LLMatcher.grammar_from_json_schema(spec.text)
+        return llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=_JSON_DEFAULTS)
     if spec.kind is GrammarKind.REGEX:
         return llguidance.LLMatcher.grammar_from_regex(spec.text)
     return llguidance.LLMatcher.grammar_from_lark(spec.text)

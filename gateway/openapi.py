@@ -22,7 +22,7 @@ from gateway.openapi_tools import (
     tool_request_fields,
 )
 from tessera import __version__
-from tessera.limits import MAX_GRAMMAR_CHARS, MAX_REQUEST_ID_CHARS
+from tessera.limits import MAX_REQUEST_ID_CHARS
 from tessera.placeholders import Modality
 from tessera.sampling import MAX_TOP_LOGPROBS
 
@@ -211,80 +211,10 @@ def _chat_request() -> Schema:
                 "type": "string",
                 "description": "Tessera: prefix-cache entries are shared only with the same salt.",
             },
-            **_structured_output_fields(),
+            **structured.openapi_fields(),
             **tool_request_fields(),
         },
         "additionalProperties": True,
-    }
-
-
-def _response_format() -> Schema:
-    json_schema = {
-        "type": "object",
-        "required": ["name", "schema"],
-        "properties": {
-            "name": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": structured.MAX_SCHEMA_NAME_CHARS,
-            },
-            "schema": {
-                "type": ["object", "boolean"],
-                "description": (
-                    f"A JSON Schema, at most {MAX_GRAMMAR_CHARS} characters as JSON; one the "
-                    "grammar compiler refuses is a 400."
-                ),
-            },
-            "strict": _nullable({"type": "boolean"}),
-            "description": _nullable({"type": "string"}),
-        },
-        "additionalProperties": False,
-    }
-    return _nullable(
-        {
-            "type": "object",
-            "description": (
-                "The output follows a grammar, applied as a token mask while sampling: "
-                '{"type": "text"} (free text), {"type": "json_object"} (one JSON object) or '
-                '{"type": "json_schema", "json_schema": {"name", "schema"}} (JSON that '
-                "validates against the schema). The finish reason is stop when the grammar is "
-                "complete, length when max_tokens cut it."
-            ),
-            "oneOf": [
-                {
-                    "required": ["type"],
-                    "properties": {"type": {"enum": ["text", "json_object"]}},
-                    "additionalProperties": False,
-                },
-                {
-                    "required": ["type", "json_schema"],
-                    "properties": {"type": {"const": "json_schema"}, "json_schema": json_schema},
-                    "additionalProperties": False,
-                },
-            ],
-        }
-    )
-
-
-def _structured_output_fields() -> dict[str, Schema]:
-    refused = ", ".join(structured.UNSUPPORTED_FIELDS)
-    return {
-        "response_format": _response_format(),
-        "guided_json": {
-            "type": ["object", "boolean", "string", "null"],
-            "description": (
-                "vLLM's: a JSON Schema (or its text) the output validates against; only one of "
-                f"response_format, guided_json, guided_regex. vLLM's {refused} are refused."
-            ),
-        },
-        "guided_regex": _nullable(
-            {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": MAX_GRAMMAR_CHARS,
-                "description": "vLLM's: a regular expression the whole output matches.",
-            }
-        ),
     }
 
 

@@ -12,6 +12,8 @@ from gateway.front import Rejected
 from tessera.limits import MAX_GRAMMAR_CHARS
 from tessera.v1 import common_pb2
 
+Schema = dict[str, Any]
+
 # vLLM's other ways to ask for a grammar: refused by name rather than ignored.
 UNSUPPORTED_FIELDS = (
     "structured_outputs",
@@ -119,3 +121,71 @@ def _no_other_keys(value: dict, allowed: set | frozenset, param: str) -> None:
     unknown = sorted(set(value) - set(allowed))
     if unknown:
         raise Rejected(f"{param} takes {sorted(allowed)}, not {unknown}", param=param)
+
+
+# -- the OpenAPI document ---------------------------------------------------------------
+
+
+def _response_format_schema() -> Schema:
+    json_schema = {
+        "type": "object",
+        "required": ["name", "schema"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": MAX_SCHEMA_NAME_CHARS},
+            "schema": {
+                "type": ["object", "boolean"],
+                "description": (
+                    f"A JSON Schema, at most {MAX_GRAMMAR_CHARS} characters as JSON; one the "
+                    "grammar compiler refuses is a 400."
+                ),
+            },
+            "strict": {"type": ["boolean", "null"]},
+            "description": {"type": ["string", "null"]},
+        },
+        "additionalProperties": False,
+    }
+    return {
+        "description": (
+            "The output follows a grammar, applied as a token mask while sampling: "
+            '{"type": "text"} (free text), {"type": "json_object"} (one JSON object) or '
+            '{"type": "json_schema", "json_schema": {"name", "schema"}} (JSON that '
+            "validates against the schema). The finish reason is stop when the grammar is "
+            "complete, length when max_tokens cut it."
+        ),
+        "anyOf": [
+            {"type": "null"},
+            {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": {"enum": ["text", "json_object"]}},
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {"type": {"const": "json_schema"}, "json_schema": json_schema},
+                "additionalProperties": False,
+            },
+        ],
+    }
+
+
+def openapi_fields() -> dict[str, Schema]:
+    """The request fields above in the OpenAPI document (gateway/openapi.py)."""
+    refused = ", ".join(UNSUPPORTED_FIELDS)
+    return {
+        "response_format": _response_format_schema(),
+        "guided_json": {
+            "type": ["object", "boolean", "string", "null"],
+            "description": (
+                "vLLM's: a JSON Schema (or its text) the output validates against; only one of "
+                f"response_format, guided_json, guided_regex. vLLM's {refused} are refused."
+            ),
+        },
+        "guided_regex": {
+            "type": ["string", "null"],
+            "minLength": 1,
+            "maxLength": MAX_GRAMMAR_CHARS,
+            "description": "vLLM's: a regular expression the whole output matches.",
+        },
+    }
