@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.api_keys import ApiKeys, add_api_key_flags, api_keys_from_args
+from gateway.tool_calls import PARSERS
 from tessera.access import AccessRules, add_allow_callers_flag, rules_from_args
 from tessera.config_common import (
     add_address_flag,
@@ -76,6 +77,8 @@ class GatewayConfig:
     access: AccessRules
     enable_reflection: bool
     health_port: int
+    tool_call_parser: str  # how tool calls are read out of text (gateway/tool_calls.py)
+    enable_auto_tool_choice: bool
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
@@ -184,6 +187,18 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=20 << 20,
         help="largest media file fetched from a URL (enforced while streaming)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=PARSERS,
+        default="hermes",
+        help="how tool calls are parsed out of the output: hermes (<tool_call>{json}"
+        "</tool_call>, Qwen and the demo models) or none (tools only reach the template)",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='allow tool_choice "auto" (the model decides whether to call; vLLM\'s flag)',
     )
     add_replica_flags(parser)
     parser.add_argument(

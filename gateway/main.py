@@ -15,6 +15,7 @@ from gateway.prompt import PromptBuilder
 from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
 from gateway.stats_log import StatsLogger, decoders_stats
+from gateway.tools import ToolSettings
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
 from tessera.config_common import served_model_names
@@ -107,6 +108,7 @@ async def run(config: GatewayConfig) -> None:
                 [encoders, decoders],
                 api_keys,
                 metrics_route=not config.metrics_port,
+                tool_settings=ToolSettings(config.tool_call_parser, config.enable_auto_tool_choice),
             )
             await start_http(api.app, config.host, config.http_port)
             http = f"http://{config.host}:{config.http_port}"

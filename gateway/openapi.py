@@ -13,6 +13,14 @@ import json
 from typing import Any
 
 from gateway import openai_api, structured
+from gateway.openapi_tools import (
+    message_tool_fields,
+    message_tool_rules,
+    tool,
+    tool_call,
+    tool_call_delta,
+    tool_request_fields,
+)
 from tessera import __version__
 from tessera.limits import MAX_REQUEST_ID_CHARS
 from tessera.placeholders import Modality
@@ -113,10 +121,12 @@ def _message() -> Schema:
     part_names = ["TextPart", "ImageURLPart", "InputAudioPart", "AudioURLPart"]
     return {
         "type": "object",
-        "description": "Fields other than role and content are accepted and ignored.",
-        "required": ["role", "content"],
+        "description": "Fields other than these are accepted and ignored.",
+        "required": ["role"],
+        **message_tool_rules(),
         "properties": {
-            "role": {"enum": ["system", "user", "assistant"]},
+            **message_tool_fields(),
+            "role": {"enum": ["system", "user", "assistant", "tool"]},
             "content": {
                 "anyOf": [
                     {"type": "string"},
@@ -125,6 +135,7 @@ def _message() -> Schema:
                         "minItems": 1,
                         "items": {"oneOf": [_ref(name) for name in part_names]},
                     },
+                    {"type": "null", "description": "Only beside tool_calls."},
                 ]
             },
         },
@@ -201,6 +212,7 @@ def _chat_request() -> Schema:
                 "description": "Tessera: prefix-cache entries are shared only with the same salt.",
             },
             **structured.openapi_fields(),
+            **tool_request_fields(),
         },
         "additionalProperties": True,
     }
@@ -223,7 +235,7 @@ def _usage() -> Schema:
     }
 
 
-_FINISH_REASON = {"enum": ["stop", "length"]}
+_FINISH_REASON = {"enum": ["stop", "length", "tool_calls"]}
 
 
 def _completion() -> Schema:
@@ -249,7 +261,8 @@ def _completion() -> Schema:
                             "required": ["role", "content"],
                             "properties": {
                                 "role": {"const": "assistant"},
-                                "content": {"type": "string"},
+                                "content": {"type": ["string", "null"]},
+                                "tool_calls": {"type": "array", "items": _ref("ToolCall")},
                             },
                         },
                         "finish_reason": _FINISH_REASON,
@@ -290,6 +303,7 @@ def _chunk() -> Schema:
                             "properties": {
                                 "role": {"const": "assistant"},
                                 "content": {"type": "string"},
+                                "tool_calls": {"type": "array", "items": tool_call_delta()},
                             },
                         },
                         "finish_reason": {"anyOf": [_FINISH_REASON, {"type": "null"}]},
@@ -527,6 +541,8 @@ def build_document() -> Schema:
                 "ChatCompletion": _completion(),
                 "ChatCompletionChunk": _chunk(),
                 "Usage": _usage(),
+                "ToolCall": tool_call(),
+                "Tool": tool(),
                 "Error": _error(),
                 "ErrorResponse": _error_response(),
             },

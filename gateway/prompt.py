@@ -31,7 +31,7 @@ from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
 from tessera.startup_flags import MediaCountLimits
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 T = TypeVar("T")
 
 
@@ -54,6 +54,10 @@ class MediaPart:
 class ChatInput:
     role: str
     parts: Sequence[TextPart | MediaPart]
+    # An assistant turn's calls, in the chat-template shape (arguments as a dict).
+    tool_calls: Sequence[dict] = ()
+    # A tool turn's answer to the call of this id.
+    tool_call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,10 +101,12 @@ class PromptBuilder:
         messages: Sequence[ChatInput],
         processing_options: Mapping[str, int] | None = None,
         cache_salt: str = "",
+        tools: Sequence[dict] = (),
     ) -> Prompt:
         """CPU-heavy (decoding and hashing images): call it off the event loop.
         `processing_options` overlay the server's defaults for this request's items;
-        `cache_salt` salts their content hashes (tessera.hashing.salted_hash)."""
+        `cache_salt` salts their content hashes (tessera.hashing.salted_hash); `tools`
+        (OpenAI's shape) go to the chat template."""
         media = self._check_messages(messages)
         requested = {**self.default_processing_options, **(processing_options or {})}
         try:
@@ -112,10 +118,13 @@ class PromptBuilder:
         ]
         template_messages = [_template_message(m) for m in messages]
         if self.family.renders_token_ids:
+            if tools:
+                raise PromptError(f"tools are not supported by {self.family.name}")
             num_rows = [item.placement.num_rows for item in prepared]
             token_ids = _rendered(self.family.render_prompt_ids, template_messages, num_rows)
             return self._placed(token_ids, prepared)
-        return self._expand(_rendered(self.family.render_prompt, template_messages), prepared)
+        rendered = _rendered(self.family.render_prompt, template_messages, list(tools) or None)
+        return self._expand(rendered, prepared)
 
     def _check_messages(self, messages: Sequence[ChatInput]) -> list[MediaPart]:
         if not messages:
@@ -126,7 +135,7 @@ class PromptBuilder:
                 raise PromptError(
                     f"message {index}: role {message.role!r} is not one of {', '.join(ROLES)}"
                 )
-            if not message.parts:
+            if not message.parts and not message.tool_calls:
                 raise PromptError(f"message {index} has no content parts")
             for part in message.parts:
                 if isinstance(part, MediaPart):
@@ -275,6 +284,15 @@ def _rendered(render: Callable[..., T], *args: object) -> T:
 
 
 def _template_message(message: ChatInput) -> dict:
+    if message.tool_calls or message.role == "tool":
+        # Templates write these turns' content as a string (Qwen2.5's `'\n' + content`).
+        text = "".join(part.text for part in message.parts if isinstance(part, TextPart))
+        rendered: dict = {"role": message.role, "content": text}
+        if message.tool_calls:
+            rendered["tool_calls"] = list(message.tool_calls)
+        if message.tool_call_id:
+            rendered["tool_call_id"] = message.tool_call_id
+        return rendered
     content = [
         {"type": "text", "text": part.text}
         if isinstance(part, TextPart)

@@ -160,8 +160,11 @@ class ModelFamily(Protocol):
     # tokenized): the front door calls `render_prompt_ids`, not `render_prompt`.
     renders_token_ids: bool
 
-    def render_prompt(self, messages: Sequence[ChatMessageDict]) -> str:
-        """The chat template's text: one `media_marker` per item, in prompt order."""
+    def render_prompt(
+        self, messages: Sequence[ChatMessageDict], tools: list[dict] | None = None
+    ) -> str:
+        """The chat template's text: one `media_marker` per item, in prompt order, and
+        `tools` (OpenAI's function shape) wherever the template lists them."""
         ...
 
     def render_prompt_ids(

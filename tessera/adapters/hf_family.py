@@ -110,9 +110,11 @@ class HFFamily:
 
     # -- processor side -------------------------------------------------------------
 
-    def render_prompt(self, messages: Sequence[ChatMessageDict]) -> str:
+    def render_prompt(
+        self, messages: Sequence[ChatMessageDict], tools: list[dict] | None = None
+    ) -> str:
         return self._processor.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=False
+            list(messages), tools=tools, add_generation_prompt=True, tokenize=False
         )
 
     def render_prompt_ids(
