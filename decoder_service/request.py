@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -35,6 +36,13 @@ class SamplingOptions:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     num_top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 0 and 1 are off
+    min_p: float = 0.0
+    # (token id, bias) pairs, sorted by token id (a tuple: the options are frozen).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
 
     @property
     def is_greedy(self) -> bool:
@@ -134,6 +142,13 @@ class RequestState:
     blocked_since: float | None = None
     leases_released: bool = False
     finished: bool = False
+    # Penalty counts (decoder_service.sampler.TokenCounts), made on the first sample.
+    token_counts: Any = None
+    # Structured-output hooks: a bool [vocab] tensor of the tokens the next draw may pick
+    # (None: any), and a callback told each sampled token (to advance a grammar and set
+    # the next mask).
+    allowed_tokens_mask: Any = None
+    after_sample: Callable[[int], None] | None = None
 
     @property
     def request_id(self) -> str:
