@@ -30,6 +30,7 @@ from starlette.routing import Route
 from gateway import openai_api, openapi
 from gateway.api_keys import ApiKeys, UnauthenticatedError
 from gateway.front import GatewayFront, Outcome, Rejected
+from gateway.generation_defaults import NEUTRAL, SamplingDefaults
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import DownstreamError, GenerationPipeline
 from gateway.prompt import PromptError
@@ -90,12 +91,14 @@ class HttpApi:
         backends: list,
         api_keys: ApiKeys,
         metrics_route: bool,
+        sampling_defaults: SamplingDefaults = NEUTRAL,
     ):
         self.front, self.registry, self.policy = front, registry, policy
         self.max_request_bytes = max_request_bytes
         self.request_timeout_seconds = request_timeout_seconds
         self.backends = backends  # ReplicaSets whose every address /ready checks
         self.api_keys = api_keys
+        self.sampling_defaults = sampling_defaults  # from the checkpoint's generation_config
         routes = [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
@@ -132,7 +135,11 @@ class HttpApi:
         try:
             body = await self._read_json(request)
             chat = await openai_api.chat_request_from_body(
-                body, request_id, self.policy, self.request_timeout_seconds
+                body,
+                request_id,
+                self.policy,
+                self.request_timeout_seconds,
+                self.sampling_defaults,
             )
             chat = dataclasses.replace(chat, tenant=tenant)
             stream, include_usage = openai_api.stream_settings(body)
