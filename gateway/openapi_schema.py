@@ -11,6 +11,7 @@ from tessera.sampling import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
 )
 
 Schema = dict[str, Any]
@@ -50,7 +51,7 @@ def sampling_schema() -> Schema:
         "repetition_penalty": nullable(
             {
                 "type": "number",
-                "exclusiveMinimum": 0,
+                "minimum": MIN_REPETITION_PENALTY,
                 "maximum": MAX_REPETITION_PENALTY,
                 "description": "HF's repetition penalty over prompt and output; 1: off.",
             }

@@ -13,6 +13,7 @@ from tessera.sampling import (
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
     MAX_TOP_LOGPROBS,
+    MIN_REPETITION_PENALTY,
 )
 from tessera.v1 import common_pb2
 
@@ -127,8 +128,9 @@ def _repetition_penalty(body: dict) -> float | None:
     if value is None:
         return None
     require(
-        _is_number(value) and 0 < value <= MAX_REPETITION_PENALTY,
-        f"repetition_penalty must be a number in (0, {MAX_REPETITION_PENALTY}] (1: off)",
+        _is_number(value) and MIN_REPETITION_PENALTY <= value <= MAX_REPETITION_PENALTY,
+        f"repetition_penalty must be a number in [{MIN_REPETITION_PENALTY}, "
+        f"{MAX_REPETITION_PENALTY}] (1: off)",
         "repetition_penalty",
     )
     return float(value)

@@ -4,7 +4,7 @@ refuses them at the front door, the decoder again for callers that reach it dire
 vLLM's rules: temperature finite and >= 0, below 1e-5 it is greedy (dividing logits by
 a smaller number overflows to inf and the softmax to NaN); top_p in (0, 1] (0 reads as
 "unset", i.e. 1); a bounded number of top log-probabilities; presence and frequency
-penalties in [-2, 2]; repetition_penalty in (0, 2] (0 reads as unset); min_p in [0, 1];
+penalties in [-2, 2]; repetition_penalty in [1/64, 2] (0 reads as unset); min_p in [0, 1];
 logit_bias of at most 300 entries with values in [-100, 100]; min_tokens <= max_tokens.
 Token ids of logit_bias are checked against the vocabulary by the decoder, which knows it.
 """
@@ -20,6 +20,9 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_TOP_LOGPROBS = 20
 MAX_PENALTY = 2.0  # presence/frequency penalties in [-MAX_PENALTY, MAX_PENALTY]
 MAX_REPETITION_PENALTY = 2.0
+# Smaller penalties multiply a seen token's logit past float32 (inf, then NaN draws). A
+# power of two, so the float32 the proto carries is exactly the bound the gateway checks.
+MIN_REPETITION_PENALTY = 1 / 64
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_LOGIT_BIAS = 100.0
 
@@ -37,9 +40,11 @@ def check_sampling(params: common_pb2.SamplingParams) -> None:
         if not math.isfinite(value) or abs(value) > MAX_PENALTY:
             raise ValueError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
     repetition = params.repetition_penalty
-    if not math.isfinite(repetition) or not 0 <= repetition <= MAX_REPETITION_PENALTY:
+    in_range = MIN_REPETITION_PENALTY <= repetition <= MAX_REPETITION_PENALTY
+    if not math.isfinite(repetition) or not (repetition == 0 or in_range):
         raise ValueError(
-            f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}] (0 = off), "
+            f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, "
+            f"{MAX_REPETITION_PENALTY}] (0 = off), "
             f"got {repetition}"
         )
     if not math.isfinite(params.min_p) or not 0 <= params.min_p <= 1:
