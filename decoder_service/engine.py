@@ -221,12 +221,14 @@ class Engine:
         if not sampling:
             return
         try:
-            rows = [self._sampler_row(work.request) for work, _ in sampling]
+            rows = [self._sampler_row(work.request, logits) for work, logits in sampling]
             tokens = sample_batch(torch.stack([logits for _, logits in sampling]), rows)
         except Exception:
             for work, logits in sampling:
                 try:
-                    token = sample_batch(logits.unsqueeze(0), [self._sampler_row(work.request)])
+                    token = sample_batch(
+                        logits.unsqueeze(0), [self._sampler_row(work.request, logits)]
+                    )
                     self._emit(work.request, token[0])
                 except Exception as error:
                     self._fail_after_forward(work.request, error)
@@ -237,11 +239,12 @@ class Engine:
             except Exception as error:
                 self._fail_after_forward(work.request, error)
 
-    def _sampler_row(self, request: RequestState) -> SamplerRow:
+    def _sampler_row(self, request: RequestState, logits: torch.Tensor) -> SamplerRow:
         options = request.spec.sampling
         if request.token_counts is None and needs_counts(options):
+            # Sized like the logits: an lm_head may be padded past the tokenizer's vocabulary.
             request.token_counts = TokenCounts(
-                self.family.vocab_size, request.spec.prompt_token_ids, self.family.device
+                logits.shape[-1], request.spec.prompt_token_ids, logits.device
             )
             for token_id in request.output_token_ids:
                 request.token_counts.add(token_id)
