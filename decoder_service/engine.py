@@ -19,6 +19,7 @@ import torch
 
 from decoder_service.block_hash import block_hashes
 from decoder_service.embedding_client import EmbeddingClient
+from decoder_service.grammar import GrammarCompiler
 from decoder_service.model_runner import ModelRunner, WorkInput
 from decoder_service.prefetch import Prefetcher
 from decoder_service.request import (
@@ -74,6 +75,7 @@ class Engine:
         self.embeddings = embeddings
         self.max_model_len = max_model_len
         self.counters = EngineCounters()
+        self.grammars = GrammarCompiler.for_family(family)
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         self._wakeup = asyncio.Event()
         self._requests: dict[str, RequestState] = {}
@@ -98,6 +100,10 @@ class Engine:
         else:
             generator.seed()
         request = RequestState(spec, asyncio.Queue(), generator)
+        if spec.sampling.structured is not None:  # a bad grammar: ValueError, as bad input
+            request.grammar = await asyncio.to_thread(
+                self.grammars.matcher, spec.sampling.structured
+            )
         self._requests[spec.request_id] = request
         self.scheduler.add(request)
         self._wakeup.set()
@@ -258,7 +264,10 @@ class Engine:
             num_output_tokens=len(request.output_token_ids),
             min_tokens_suppress=tuple(sorted(suppress)),
             counts=request.token_counts,
-            allowed_tokens_mask=request.allowed_tokens_mask,
+            # Structured outputs: the grammar's allowed tokens, applied after every processor.
+            allowed_tokens_mask=(
+                request.grammar.allowed_tokens(logits.shape[-1]) if request.grammar else None
+            ),
         )
 
     def _fail_after_forward(self, request: RequestState, error: Exception) -> None:
@@ -269,8 +278,8 @@ class Engine:
         request.output_token_ids.append(token.token_id)
         if request.token_counts is not None:
             request.token_counts.add(token.token_id)
-        if request.after_sample is not None:
-            request.after_sample(token.token_id)
+        if request.grammar is not None:
+            request.grammar.advance(token.token_id)
         if request.stats.time_to_first_token_seconds is None:
             request.stats.time_to_first_token_seconds = time.monotonic() - request.arrival_time
         request.events.put_nowait(token)
@@ -320,6 +329,8 @@ class Engine:
         if token.token_id in options.stop_token_ids or (
             not options.ignore_eos and token.token_id in self.family.eos_token_ids
         ):
+            return FinishReason.STOP
+        if request.grammar is not None and request.grammar.is_terminated:
             return FinishReason.STOP
         total = request.num_prompt_tokens + len(request.output_token_ids)
         if len(request.output_token_ids) >= options.max_tokens or total >= self.max_model_len:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from typing import Any
 
+from decoder_service.grammar import GrammarMatcher, GrammarSpec
 from tessera.media import ProcessingOptions
 from tessera.placeholders import PlaceholderRange, atomic_chunk_end
 
@@ -43,6 +43,8 @@ class SamplingOptions:
     # (token id, bias) pairs, sorted by token id (a tuple: the options are frozen).
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
+    # The grammar the output must follow (structured outputs); None: unconstrained.
+    structured: GrammarSpec | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -144,11 +146,8 @@ class RequestState:
     finished: bool = False
     # Penalty counts (decoder_service.sampler.TokenCounts), made on the first sample.
     token_counts: Any = None
-    # Structured-output hooks: a bool [vocab] tensor of the tokens the next draw may pick
-    # (None: any), and a callback told each sampled token (to advance a grammar and set
-    # the next mask).
-    allowed_tokens_mask: Any = None
-    after_sample: Callable[[int], None] | None = None
+    # The request's place in its grammar (set by the engine when it has one).
+    grammar: GrammarMatcher | None = None
 
     @property
     def request_id(self) -> str:

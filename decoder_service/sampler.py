@@ -66,10 +66,15 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SamplerRow]) -> list[Sampl
 
 
 def sample(
-    logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator
+    logits: torch.Tensor,
+    options: SamplingOptions,
+    generator: torch.Generator,
+    allowed: torch.Tensor | None = None,
 ) -> SampledToken:
-    """One row without history (no penalties): `sample_batch` of one."""
-    return sample_batch(logits.reshape(1, -1), [SamplerRow(options, generator)])[0]
+    """One row without history (no penalties): `sample_batch` of one. `allowed` is a bool
+    mask of the tokens it may pick (a grammar's)."""
+    row = SamplerRow(options, generator, allowed_tokens_mask=allowed)
+    return sample_batch(logits.reshape(1, -1), [row])[0]
 
 
 def process(logits: torch.Tensor, rows: Sequence[SamplerRow]) -> torch.Tensor:

@@ -3,6 +3,7 @@ ValueError whose message says what to fix."""
 
 from __future__ import annotations
 
+from decoder_service.grammar import grammar_spec_from_proto
 from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
 from tessera.adapters import ModelFamily
@@ -24,8 +25,6 @@ def sampling_from_proto(
     """`max_new_tokens` is what the context leaves after the prompt."""
     check_sampling(message)
     check_token_ids(message, vocab_size)
-    if message.HasField("structured_output"):
-        raise ValueError("structured_output is not supported by this decoder")
     if message.max_tokens > max_new_tokens:
         raise ValueError(
             f"max_tokens {message.max_tokens} exceeds what the context leaves after the "
@@ -52,6 +51,7 @@ def sampling_from_proto(
         min_p=message.min_p,
         logit_bias=tuple(sorted(message.logit_bias.items())),
         min_tokens=message.min_tokens,
+        structured=grammar_spec_from_proto(message.structured_output),
     )
 
 

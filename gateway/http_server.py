@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway import openai_api, openapi
+from gateway.access_log import http_status
 from gateway.api_keys import ApiKeys, UnauthenticatedError
 from gateway.front import GatewayFront, Outcome, Rejected
 from gateway.generation_defaults import NEUTRAL, SamplingDefaults
@@ -39,12 +40,13 @@ from tessera.limits import check_request_id
 log = logging.getLogger("tessera.gateway.http")
 
 REQUEST_ID_HEADER = "X-Request-Id"
-_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
-    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
-    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
+# OpenAI's error type for each HTTP status (gateway.access_log maps gRPC codes to these).
+_KIND = {
+    400: "invalid_request_error",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    503: "service_unavailable",
+    404: "not_found_error",
 }
 
 
@@ -72,8 +74,8 @@ class HttpError(Exception):
 
 
 def http_error(error: Exception) -> HttpError:
-    code = getattr(error, "code", grpc.StatusCode.INVALID_ARGUMENT)
-    status, kind = _STATUS.get(code, (500, "server_error"))
+    status = http_status(getattr(error, "code", grpc.StatusCode.INVALID_ARGUMENT))
+    kind = _KIND.get(status, "server_error")
     headers = {}
     if isinstance(error, Rejected) and error.retry_after_seconds:
         headers["Retry-After"] = str(error.retry_after_seconds)
@@ -124,14 +126,14 @@ class HttpApi:
         try:
             tenant = self._tenant(request)  # before anything else is looked at
         except HttpError as error:
-            return error.response(GenerationPipeline.new_request_id())
+            return self._refused(error, GenerationPipeline.new_request_id())
         request_id = request.headers.get(REQUEST_ID_HEADER) or GenerationPipeline.new_request_id()
         try:
             check_request_id(request_id, REQUEST_ID_HEADER)
         except ValueError as error:
             # Never echoed back: the response carries an id of our own.
             refused = HttpError(400, "invalid_request_error", str(error), REQUEST_ID_HEADER)
-            return refused.response(GenerationPipeline.new_request_id())
+            return self._refused(refused, GenerationPipeline.new_request_id())
         try:
             body = await self._read_json(request)
             chat = await openai_api.chat_request_from_body(
@@ -141,10 +143,15 @@ class HttpApi:
                 self.request_timeout_seconds,
                 self.sampling_defaults,
             )
-            chat = dataclasses.replace(chat, tenant=tenant)
+            chat = dataclasses.replace(chat, tenant=tenant, protocol="http")
             stream, include_usage = openai_api.stream_settings(body)
-            self.front.check_model(chat.model)
-            model = chat.model or self.front.model_name
+        except HttpError as error:
+            return self._refused(error, request_id)
+        except (Rejected, PromptError, DownstreamError) as error:
+            return self._refused(http_error(error), request_id)
+        # From here on, the front counts and logs the request however it ends.
+        model = chat.model or self.front.model_name
+        try:
             if stream:
                 events = self._stream(chat, model, include_usage)
                 first = await anext(events)  # errors before the first token are plain HTTP errors
@@ -154,10 +161,13 @@ class HttpApi:
                     headers={REQUEST_ID_HEADER: request_id},
                 )
             return await self._complete(request, chat, model)
-        except HttpError as error:
-            return error.response(request_id)
         except (Rejected, PromptError, DownstreamError) as error:
             return http_error(error).response(request_id)
+
+    def _refused(self, error: HttpError, request_id: str) -> Response:
+        """A request refused before generation: counted and logged, then answered."""
+        self.front.refused(request_id, "http", str(error.status))
+        return error.response(request_id)
 
     async def _complete(self, request: Request, chat, model: str) -> Response:
         outcome = Outcome()

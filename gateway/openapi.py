@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from gateway import openai_api, sampling_body
+from gateway import openai_api, sampling_body, structured
 from gateway.openapi_schema import Schema, int_field, nullable, number_field, sampling_schema
 from tessera import __version__
 from tessera.limits import MAX_REQUEST_ID_CHARS
@@ -184,6 +184,7 @@ def _chat_request() -> Schema:
                 "type": "string",
                 "description": "Tessera: prefix-cache entries are shared only with the same salt.",
             },
+            **structured.openapi_fields(),
         },
         "additionalProperties": True,
     }

@@ -7,6 +7,7 @@ from typing import Any
 
 from gateway.front import Rejected
 from gateway.generation_defaults import NEUTRAL, SamplingDefaults
+from gateway.structured import structured_output_from_body
 from tessera.sampling import (
     MAX_LOGIT_BIAS,
     MAX_LOGIT_BIAS_ENTRIES,
@@ -105,6 +106,9 @@ def sampling_from_body(
     top = integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if boolean(body, "logprobs"):
         sampling.num_top_logprobs = max(1, top or 0)
+    structured = structured_output_from_body(body)
+    if structured is not None:
+        sampling.structured_output.CopyFrom(structured)
     return sampling
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from tessera.limits import MAX_GRAMMAR_CHARS
 from tessera.v1 import common_pb2
 
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS).
@@ -54,6 +55,7 @@ def check_sampling(params: common_pb2.SamplingParams) -> None:
         raise ValueError(
             f"min_tokens ({params.min_tokens}) must be <= max_tokens ({params.max_tokens})"
         )
+    check_structured_output(params.structured_output)
 
 
 def _check_logit_bias(params: common_pb2.SamplingParams) -> None:
@@ -76,6 +78,25 @@ def check_token_ids(params: common_pb2.SamplingParams, vocab_size: int) -> None:
             raise ValueError(
                 f"{name} names token {too_large[0]}, outside the vocabulary (size {vocab_size})"
             )
+
+
+def check_structured_output(message: common_pb2.StructuredOutput) -> None:
+    """Raises ValueError naming structured_output when its grammar is empty or too long
+    (whether it compiles, only the decoder, which has the tokenizer, can tell)."""
+    kind = message.WhichOneof("kind")
+    if kind is None:
+        return
+    if kind == "json_object":
+        if not message.json_object:
+            raise ValueError("structured_output.json_object must be true when set")
+        return
+    text = getattr(message, kind)
+    if not text.strip():
+        raise ValueError(f"structured_output.{kind} is empty")
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise ValueError(
+            f"structured_output.{kind} has {len(text)} characters; at most {MAX_GRAMMAR_CHARS}"
+        )
 
 
 def effective_temperature(temperature: float) -> float:
