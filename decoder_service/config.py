@@ -51,7 +51,7 @@ class DecoderConfig:
     fetch_mode: str
     drain_seconds: float
     model_fingerprint: str | None
-    served_model_name: str | None  # the model_name label of its metrics
+    served_model_name: list[str] | None  # the first is the model_name label of its metrics
     log_level: str
     log_format: str
     metrics_port: int
@@ -66,19 +66,23 @@ class DecoderConfig:
             cls, args, tls=TlsFiles.from_args(args), access=rules_from_args(args, DECODER_ACCESS)
         )
         if config.max_chunk_tokens < 1:
-            raise SystemExit("--max-chunk-tokens must be >= 1")
+            raise SystemExit(f"--max-chunk-tokens must be >= 1, got {config.max_chunk_tokens}")
         # With room for one chunk beside every other request's decode, the oldest prompt
         # always gets its chunk: no prompt starves behind a stream of short requests.
         needed = config.max_chunk_tokens + config.max_num_seqs - 1
         if config.max_num_batched_tokens < needed:
             raise SystemExit(
                 f"--max-num-batched-tokens must be >= --max-chunk-tokens + --max-num-seqs - 1 "
-                f"({needed}), so a prompt chunk always fits beside the running decodes"
+                f"({needed}), so a prompt chunk always fits beside the running decodes; got "
+                f"{config.max_num_batched_tokens}"
             )
         if config.block_size < 1 or config.kv_cache_bytes < 1:
             raise SystemExit("--block-size and --kv-cache-bytes must be positive")
         if not 0 <= config.kv_cache_memory_fraction < 1:
-            raise SystemExit("--kv-cache-memory-fraction must be in [0, 1)")
+            raise SystemExit(
+                "--kv-cache-memory-fraction must be in [0, 1) (0: size by --kv-cache-bytes), "
+                f"got {config.kv_cache_memory_fraction:g}"
+            )
         return config
 
 

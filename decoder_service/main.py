@@ -25,13 +25,17 @@ from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.replicas import ReplicaSet
 from tessera.server import serve, service_spec
+from tessera.startup_flags import HelpFormatter
+from tessera.tensor_codec import dtype_name
 from tessera.v1 import decoder_pb2_grpc
 
 log = logging.getLogger("tessera.decoder")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="tessera decoder")
+    parser = parser or argparse.ArgumentParser(
+        prog="tessera decoder", formatter_class=HelpFormatter
+    )
     add_decoder_flags(parser)
     return parser
 
@@ -128,7 +132,7 @@ async def run(config: DecoderConfig) -> None:
         options = LoadOptions(
             ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL,
             config.device,
-            getattr(torch, config.dtype),
+            config.dtype,  # a name; "auto" is resolved against the checkpoint
             text_attention=ATTENTION_NAME,
         )
         family = await asyncio.to_thread(
@@ -142,7 +146,7 @@ async def run(config: DecoderConfig) -> None:
         serve_metrics(config.metrics_port, config.host, registry)
         kv = engine.scheduler.kv
         return (
-            f"family={family.name} device={config.device} dtype={config.dtype} "
+            f"family={family.name} device={config.device} dtype={dtype_name(family.dtype)} "
             f"max_model_len={engine.max_model_len} max_chunk_tokens={config.max_chunk_tokens} "
             f"max_num_seqs={config.max_num_seqs} "
             f"max_num_batched_tokens={config.max_num_batched_tokens} "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from encoder_service.memory_store import PinLimits
 from tessera.access import ANY_CALLER, AccessRules, add_allow_callers_flag, rules_from_args
 from tessera.config_common import (
     Secret,
@@ -17,6 +17,9 @@ from tessera.config_common import (
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
 from tessera.tls import TlsFiles, add_tls_flags
+
+if TYPE_CHECKING:  # imported where used: it brings torch, which parsing flags needs not
+    from encoder_service.memory_store import PinLimits
 
 # 16 images of 1024x1024, or one of 4096x4096, per forward: big enough to batch every
 # image a chat sends, small enough that a request of huge images runs as many batches
@@ -93,6 +96,8 @@ class EncoderConfig:
 
     def pin_limits(self) -> PinLimits:
         """The flags' pin bounds, each defaulting to its fraction of --cache-bytes."""
+        from encoder_service.memory_store import PinLimits
+
         default = PinLimits.of_budget(self.cache_bytes)
         return PinLimits(
             default.max_pinned_bytes if self.max_pinned_bytes is None else self.max_pinned_bytes,

@@ -6,8 +6,6 @@ import argparse
 import asyncio
 import socket
 
-import torch
-
 from encoder_service.config import EncoderConfig, add_encoder_flags
 from encoder_service.encoder import EncoderCore, FleetSettings
 from encoder_service.memory_store import MemoryStore
@@ -18,12 +16,15 @@ from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.server import serve, service_spec
+from tessera.startup_flags import HelpFormatter
 from tessera.tensor_codec import dtype_name
 from tessera.v1 import encoder_pb2_grpc
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="tessera encoder")
+    parser = parser or argparse.ArgumentParser(
+        prog="tessera encoder", formatter_class=HelpFormatter
+    )
     add_encoder_flags(parser)
     return parser
 
@@ -42,7 +43,7 @@ async def run(config: EncoderConfig) -> None:
         options = LoadOptions(
             ModelPart.PROCESSOR | ModelPart.MEDIA_ENCODER,
             config.device,
-            getattr(torch, config.dtype),
+            config.dtype,  # a name; "auto" is resolved against the checkpoint
         )
         family = await asyncio.to_thread(
             load_family, config.model, options, config.model_fingerprint
@@ -82,7 +83,7 @@ async def run(config: EncoderConfig) -> None:
         serve_metrics(config.metrics_port, config.host, new_registry(lambda: metric_readings(core)))
         return (
             f"family={family.name} fingerprint={family.fingerprint} device={config.device} "
-            f"dtype={config.dtype} cache_bytes={config.cache_bytes} "
+            f"dtype={dtype_name(family.dtype)} cache_bytes={config.cache_bytes} "
             f"max_batch_items={config.max_batch_items} "
             f"redis={redis.describe() if redis else 'off'} "
             f"replica={fleet.replica_id} metrics_port={config.metrics_port or 'off'}"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.api_keys import ApiKeys, add_api_key_flags, api_keys_from_args
 from gateway.generation_defaults import GENERATION_CONFIG_MODES
+from gateway.tool_calls import PARSERS
 from tessera.access import AccessRules, add_allow_callers_flag, rules_from_args
 from tessera.config_common import (
     add_address_flag,
@@ -21,6 +23,13 @@ from tessera.config_common import (
 from tessera.media import options_from_json
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
+from tessera.startup_flags import (
+    DEFAULT_ITEMS_PER_MODALITY,
+    MediaCountLimits,
+    chat_template_flag,
+    limit_mm_per_prompt,
+    port_number,
+)
 from tessera.tls import TlsFiles, add_tls_flags
 
 # The gateway is the API for users: their certificates carry the `client` role.
@@ -42,13 +51,14 @@ class GatewayConfig:
     encoders: tuple[str, ...]
     decoders: tuple[str, ...]
     media_limits: MediaLimits
-    limit_mm_per_prompt: int
+    limit_mm_per_prompt: MediaCountLimits
     mm_processor_kwargs: dict[str, int]
     lease_ms: int
     replica_refresh_seconds: float
     replica_retry_seconds: float
     http_port: int
-    served_model_name: str | None
+    served_model_name: Sequence[str] | None  # the names the API shows and answers to
+    chat_template: str | None  # --chat-template: a file or the template itself
     max_request_bytes: int
     max_queued_requests: int
     request_timeout_seconds: float
@@ -69,6 +79,8 @@ class GatewayConfig:
     enable_reflection: bool
     health_port: int
     generation_config: str  # "auto": sampling defaults from the checkpoint; "vllm": neutral
+    tool_call_parser: str  # how tool calls are read out of text (gateway/tool_calls.py)
+    enable_auto_tool_choice: bool
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
@@ -105,7 +117,13 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_media_limit_flags(parser)
     parser.add_argument(
-        "--limit-mm-per-prompt", type=int, default=16, help="most media items in one request"
+        "--limit-mm-per-prompt",
+        type=limit_mm_per_prompt,
+        default=MediaCountLimits(),
+        metavar="LIMITS",
+        help="most media items of each modality in one request, as vLLM takes it: "
+        '\'{"image": 4, "audio": 1}\', image=4,audio=1, or one number for every modality '
+        f"(default: {DEFAULT_ITEMS_PER_MODALITY} of each)",
     )
     parser.add_argument(
         "--mm-processor-kwargs",
@@ -115,9 +133,16 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         "for Qwen-VL (requests may override them with mm_processor_kwargs)",
     )
     parser.add_argument(
-        "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"
+        "--http-port", type=port_number, default=0, help="OpenAI-compatible HTTP API port (0: off)"
     )
     add_served_model_name_flag(parser)
+    parser.add_argument(
+        "--chat-template",
+        type=chat_template_flag,
+        default=None,
+        help="the chat template to render prompts with instead of the checkpoint's: a file, "
+        "or the Jinja template itself (default: the checkpoint's)",
+    )
     parser.add_argument(
         "--log-stats-interval",
         type=float,
@@ -172,6 +197,18 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         help="auto: the checkpoint's generation_config.json gives the defaults of "
         "temperature, top_p, top_k, min_p and repetition_penalty for HTTP requests that "
         "leave them unset; vllm: neutral defaults (greedy)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=PARSERS,
+        default="hermes",
+        help="how tool calls are parsed out of the output: hermes (<tool_call>{json}"
+        "</tool_call>, Qwen and the demo models) or none (tools only reach the template)",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='allow tool_choice "auto" (the model decides whether to call; vLLM\'s flag)',
     )
     add_replica_flags(parser)
     parser.add_argument(

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -27,6 +28,9 @@ from tessera.hashing import framed_digest
 from tessera.limits import check_cache_salt
 from tessera.sampling import check_sampling
 from tessera.v1 import common_pb2, decoder_pb2
+
+if TYPE_CHECKING:  # gateway.tools imports Rejected from here
+    from gateway.tools import ToolRequest
 
 log = logging.getLogger("tessera.gateway")
 
@@ -73,6 +77,8 @@ class ChatRequest:
     processing_options: Mapping[str, int] = field(default_factory=dict)
     # Who sent it: an id of the API key it came with ("" without keys).
     tenant: str = ""
+    # The functions it offers the model (gateway/tools.py); None: no tools.
+    tools: ToolRequest | None = None
     protocol: str = "grpc"  # or "http": which front door, for the access log
 
 
@@ -93,9 +99,13 @@ class GatewayFront:
         model_names: Sequence[str],
         max_queued_requests: int,
         registry: CollectorRegistry,
+        hidden_names: Sequence[str] = (),
     ):
         self.pipeline = pipeline
+        # What /v1/models lists; requests may also name one of `hidden_names` (the
+        # --model argument, as vLLM accepts it), which no listing shows.
         self.model_names = list(model_names)
+        self.accepted_names = frozenset([*model_names, *hidden_names])
         self.max_queued_requests = max_queued_requests
         self.metrics = GatewayMetrics(registry, self.model_names[0])
         pipeline.encoded_listeners.append(self.metrics.encoder_cache)
@@ -106,7 +116,7 @@ class GatewayFront:
         return self.model_names[0]
 
     def check_model(self, name: str) -> None:
-        if name and name not in self.model_names:
+        if name and name not in self.accepted_names:
             raise Rejected(
                 f"model {name!r} is not served here; use {self.model_name!r}", param="model"
             )
@@ -160,6 +170,7 @@ class GatewayFront:
                 request.timeout_seconds,
                 cache_salt,
                 request.processing_options,
+                request.tools.template_tools() if request.tools else (),
             )
             # aclosing: leaving early (a stop string) cancels the decoder call at once.
             async with aclosing(self.pipeline.run(generation)) as events:

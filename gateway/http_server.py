@@ -35,6 +35,8 @@ from gateway.generation_defaults import NEUTRAL, SamplingDefaults
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import DownstreamError, GenerationPipeline
 from gateway.prompt import PromptError
+from gateway.tool_calls import output_stream
+from gateway.tools import DEFAULT_TOOL_SETTINGS, ToolSettings
 from tessera.limits import check_request_id
 
 log = logging.getLogger("tessera.gateway.http")
@@ -94,6 +96,7 @@ class HttpApi:
         api_keys: ApiKeys,
         metrics_route: bool,
         sampling_defaults: SamplingDefaults = NEUTRAL,
+        tool_settings: ToolSettings = DEFAULT_TOOL_SETTINGS,
     ):
         self.front, self.registry, self.policy = front, registry, policy
         self.max_request_bytes = max_request_bytes
@@ -101,6 +104,7 @@ class HttpApi:
         self.backends = backends  # ReplicaSets whose every address /ready checks
         self.api_keys = api_keys
         self.sampling_defaults = sampling_defaults  # from the checkpoint's generation_config
+        self.tool_settings = tool_settings  # --tool-call-parser, --enable-auto-tool-choice
         routes = [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
@@ -142,6 +146,7 @@ class HttpApi:
                 self.policy,
                 self.request_timeout_seconds,
                 self.sampling_defaults,
+                self.tool_settings,
             )
             chat = dataclasses.replace(chat, tenant=tenant, protocol="http")
             stream, include_usage = openai_api.stream_settings(body)
@@ -186,17 +191,25 @@ class HttpApi:
                 return Response(status_code=499)
         text = task.result()
         return JSONResponse(
-            openai_api.completion(chat.request_id, model, text, outcome),
+            openai_api.completion(chat.request_id, model, text, outcome, chat.tools),
             headers={REQUEST_ID_HEADER: chat.request_id},
         )
 
     async def _stream(self, chat, model: str, include_usage: bool) -> AsyncIterator[str]:
         outcome = Outcome()
         events = self.front.generate(chat, outcome)
+        tools = chat.tools
+        # Content deltas, or with tools, content until a call opens and then the calls.
+        output = output_stream(bool(tools and tools.parses_calls), not tools or tools.parallel)
         first = True
         try:
             async for text, _ in events:
-                delta = {"role": "assistant", "content": text} if first else {"content": text}
+                for delta in output.feed(text):
+                    delta = {"role": "assistant", **delta} if first else delta
+                    first = False
+                    yield _sse(openai_api.chunk(chat.request_id, model, delta, None))
+            for delta in output.finish():
+                delta = {"role": "assistant", **delta} if first else delta
                 first = False
                 yield _sse(openai_api.chunk(chat.request_id, model, delta, None))
         except (Rejected, PromptError, DownstreamError) as error:
@@ -208,7 +221,8 @@ class HttpApi:
             return
         if first:
             yield _sse(openai_api.chunk(chat.request_id, model, {"role": "assistant"}, None))
-        yield _sse(openai_api.chunk(chat.request_id, model, {}, outcome.finish_reason))
+        finish_reason = "tool_calls" if output.num_calls else outcome.finish_reason
+        yield _sse(openai_api.chunk(chat.request_id, model, {}, finish_reason))
         if include_usage:
             yield _sse(openai_api.usage_chunk(chat.request_id, model, outcome))
         yield "data: [DONE]\n\n"

@@ -16,20 +16,30 @@ from gateway.prompt import PromptBuilder
 from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
 from gateway.stats_log import StatsLogger, decoders_stats
+from gateway.tools import ToolSettings
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
-from tessera.config_common import served_model_name
+from tessera.config_common import served_model_names
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.replicas import ReplicaSet
 from tessera.server import serve, service_spec
+from tessera.startup_flags import HelpFormatter, load_chat_template
 from tessera.v1 import gateway_pb2_grpc
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="tessera gateway")
+    parser = parser or argparse.ArgumentParser(
+        prog="tessera gateway", formatter_class=HelpFormatter
+    )
     add_gateway_flags(parser)
     return parser
+
+
+def hidden_model_names(config: GatewayConfig) -> list[str]:
+    """Names requests may use that no listing shows: without --served-model-name, the
+    --model argument itself (vLLM's default name)."""
+    return [] if config.served_model_name else [config.model]
 
 
 async def run(config: GatewayConfig) -> None:
@@ -37,8 +47,10 @@ async def run(config: GatewayConfig) -> None:
     background: set[asyncio.Task] = set()  # kept referenced while the gateway runs
 
     async def load() -> str:
+        chat_template = load_chat_template(config.chat_template) if config.chat_template else None
+        options = LoadOptions(ModelPart.PROCESSOR, chat_template=chat_template)
         family = await asyncio.to_thread(
-            load_family, config.model, LoadOptions(ModelPart.PROCESSOR), config.model_fingerprint
+            load_family, config.model, options, config.model_fingerprint
         )
         # Fails the start, not each request, when the checkpoint's sampling settings are wrong.
         sampling_defaults = await asyncio.to_thread(
@@ -66,8 +78,13 @@ async def run(config: GatewayConfig) -> None:
             builder, encoders, DecoderRouter(decoders), channels, config.lease_ms
         )
         registry = new_registry()
-        names = [served_model_name(config.model, config.served_model_name), config.model]
-        front = GatewayFront(pipeline, names, config.max_queued_requests, registry)
+        front = GatewayFront(
+            pipeline,
+            served_model_names(config.model, config.served_model_name),
+            config.max_queued_requests,
+            registry,
+            hidden_names=hidden_model_names(config),
+        )
         servicer.front = front
         api_keys = with_key_file(config.api_keys, config.api_key_file)
         servicer.api_keys = api_keys
@@ -97,16 +114,18 @@ async def run(config: GatewayConfig) -> None:
                 api_keys,
                 metrics_route=not config.metrics_port,
                 sampling_defaults=sampling_defaults,
+                tool_settings=ToolSettings(config.tool_call_parser, config.enable_auto_tool_choice),
             )
             await start_http(api.app, config.host, config.http_port)
             http = f"http://{config.host}:{config.http_port}"
         return (
-            f"family={family.name} served_model_name={front.model_name} "
+            f"family={family.name} served_model_name={','.join(front.model_names)} "
             f"fingerprint={family.fingerprint} http={http} "
             f"api_keys={len(api_keys.keys) or 'none'} "
             f"metrics_port={config.metrics_port or 'on the http port'} "
             f"encoders={','.join(config.encoders)} decoders={','.join(config.decoders)} "
-            f"limit_mm_per_prompt={config.limit_mm_per_prompt} "
+            f"limit_mm_per_prompt={config.limit_mm_per_prompt.describe()} "
+            f"chat_template={'--chat-template' if config.chat_template else 'the checkpoint'} "
             f"max_request_bytes={config.max_request_bytes} "
             f"max_queued_requests={config.max_queued_requests} "
             f"allowed_media_domains={','.join(config.allowed_media_domains) or 'none'}"

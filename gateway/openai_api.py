@@ -17,6 +17,15 @@ from gateway.sampling_body import MAX_TOKENS_LIMIT, sampling_from_body
 from gateway.sampling_body import boolean as _boolean
 from gateway.sampling_body import integer as _integer
 from gateway.sampling_body import require as _require
+from gateway.tool_calls import parse_tool_calls
+from gateway.tools import (
+    DEFAULT_TOOL_SETTINGS,
+    ToolRequest,
+    ToolSettings,
+    forced_call_grammar,
+    history_fields,
+    tools_from_body,
+)
 from tessera.media import options_from_json
 from tessera.placeholders import Modality
 
@@ -63,7 +72,8 @@ async def messages_from_body(body: dict, policy: MediaFetchPolicy) -> list[ChatI
     loaded = await asyncio.gather(*(job.load(policy) for job in jobs))
     resolved = dict(zip(map(id, jobs), loaded, strict=True))
     return [
-        ChatInput(role, [resolved.get(id(part), part) for part in parts]) for role, parts in parsed
+        ChatInput(role, [resolved.get(id(part), part) for part in parts], **extras)
+        for role, parts, extras in parsed
     ]
 
 
@@ -80,20 +90,23 @@ class _PendingMedia:
             raise Rejected(str(error), param=self.param) from None
 
 
-def _message(index: int, message: Any) -> tuple[str, list]:
+def _message(index: int, message: Any) -> tuple[str, list, dict]:
     param = f"messages[{index}]"
     _require(isinstance(message, dict), f"{param} must be an object", param)
     role = message.get("role")
     _require(isinstance(role, str), f"{param}.role must be a string", f"{param}.role")
+    extras = history_fields(param, message)
     content = message.get("content")
     if isinstance(content, str):
-        return role, [TextPart(_unicode(content, f"{param}.content"))]
+        return role, [TextPart(_unicode(content, f"{param}.content"))], extras
+    if content is None and extras.get("tool_calls"):
+        return role, [], extras  # an assistant turn of calls only
     _require(
         isinstance(content, list) and content,
         f"{param}.content must be a string or a non-empty list of parts",
         f"{param}.content",
     )
-    return role, [_part(f"{param}.content[{i}]", part) for i, part in enumerate(content)]
+    return role, [_part(f"{param}.content[{i}]", p) for i, p in enumerate(content)], extras
 
 
 def _unicode(text: str, param: str) -> str:
@@ -173,6 +186,7 @@ async def chat_request_from_body(
     policy: MediaFetchPolicy,
     timeout_seconds: float,
     defaults: SamplingDefaults = NEUTRAL,
+    tool_settings: ToolSettings = DEFAULT_TOOL_SETTINGS,
 ) -> ChatRequest:
     _require(isinstance(body, dict), "the body must be a JSON object", "body")
     model = body.get("model", "")
@@ -185,11 +199,22 @@ async def chat_request_from_body(
         processing_options = options_from_json({} if kwargs is None else kwargs)
     except ValueError as error:
         raise Rejected(f"mm_processor_kwargs {error}", param="mm_processor_kwargs") from None
+    sampling = sampling_from_body(body, defaults)
+    tools = tools_from_body(body, tool_settings)
+    forced = forced_call_grammar(tools) if tools else None
+    if forced is not None:
+        _require(
+            not sampling.HasField("structured_output"),
+            'a forced tool_choice ("required" or a function) cannot take response_format too',
+            "tool_choice",
+        )
+        sampling.structured_output.CopyFrom(forced)
     return ChatRequest(
         request_id=request_id,
         model=model,
         messages=await messages_from_body(body, policy),
-        sampling=sampling_from_body(body, defaults),
+        sampling=sampling,
+        tools=tools,
         stop=stops_from_body(body),
         max_chunk_tokens=_integer(body, "max_chunk_tokens", 0, MAX_TOKENS_LIMIT) or 0,
         cache_salt=salt,
@@ -209,7 +234,17 @@ def usage(outcome: Outcome) -> dict:
     }
 
 
-def completion(request_id: str, model: str, text: str, outcome: Outcome) -> dict:
+def completion(
+    request_id: str, model: str, text: str, outcome: Outcome, tools: ToolRequest | None = None
+) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    finish_reason = outcome.finish_reason
+    if tools is not None and tools.parses_calls:
+        parsed = parse_tool_calls(text, None if tools.parallel else 1)
+        message["content"] = parsed.content
+        if parsed.tool_calls:
+            message["tool_calls"] = [call.to_dict() for call in parsed.tool_calls]
+            finish_reason = "tool_calls"
     return {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
@@ -218,8 +253,8 @@ def completion(request_id: str, model: str, text: str, outcome: Outcome) -> dict
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": outcome.finish_reason,
+                "message": message,
+                "finish_reason": finish_reason,
                 "logprobs": None,
             }
         ],

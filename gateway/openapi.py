@@ -13,6 +13,14 @@ import json
 
 from gateway import openai_api, sampling_body, structured
 from gateway.openapi_schema import Schema, int_field, nullable, number_field, sampling_schema
+from gateway.openapi_tools import (
+    message_tool_fields,
+    message_tool_rules,
+    tool,
+    tool_call,
+    tool_call_delta,
+    tool_request_fields,
+)
 from tessera import __version__
 from tessera.limits import MAX_REQUEST_ID_CHARS
 from tessera.placeholders import Modality
@@ -94,10 +102,12 @@ def _message() -> Schema:
     part_names = ["TextPart", "ImageURLPart", "InputAudioPart", "AudioURLPart"]
     return {
         "type": "object",
-        "description": "Fields other than role and content are accepted and ignored.",
-        "required": ["role", "content"],
+        "description": "Fields other than these are accepted and ignored.",
+        "required": ["role"],
+        **message_tool_rules(),
         "properties": {
-            "role": {"enum": ["system", "user", "assistant"]},
+            **message_tool_fields(),
+            "role": {"enum": ["system", "user", "assistant", "tool"]},
             "content": {
                 "anyOf": [
                     {"type": "string"},
@@ -106,6 +116,7 @@ def _message() -> Schema:
                         "minItems": 1,
                         "items": {"oneOf": [_ref(name) for name in part_names]},
                     },
+                    {"type": "null", "description": "Only beside tool_calls."},
                 ]
             },
         },
@@ -185,6 +196,7 @@ def _chat_request() -> Schema:
                 "description": "Tessera: prefix-cache entries are shared only with the same salt.",
             },
             **structured.openapi_fields(),
+            **tool_request_fields(),
         },
         "additionalProperties": True,
     }
@@ -207,7 +219,7 @@ def _usage() -> Schema:
     }
 
 
-_FINISH_REASON = {"enum": ["stop", "length"]}
+_FINISH_REASON = {"enum": ["stop", "length", "tool_calls"]}
 
 
 def _completion() -> Schema:
@@ -233,7 +245,8 @@ def _completion() -> Schema:
                             "required": ["role", "content"],
                             "properties": {
                                 "role": {"const": "assistant"},
-                                "content": {"type": "string"},
+                                "content": {"type": ["string", "null"]},
+                                "tool_calls": {"type": "array", "items": _ref("ToolCall")},
                             },
                         },
                         "finish_reason": _FINISH_REASON,
@@ -274,6 +287,7 @@ def _chunk() -> Schema:
                             "properties": {
                                 "role": {"const": "assistant"},
                                 "content": {"type": "string"},
+                                "tool_calls": {"type": "array", "items": tool_call_delta()},
                             },
                         },
                         "finish_reason": {"anyOf": [_FINISH_REASON, {"type": "null"}]},
@@ -511,6 +525,8 @@ def build_document() -> Schema:
                 "ChatCompletion": _completion(),
                 "ChatCompletionChunk": _chunk(),
                 "Usage": _usage(),
+                "ToolCall": tool_call(),
+                "Tool": tool(),
                 "Error": _error(),
                 "ErrorResponse": _error_response(),
             },

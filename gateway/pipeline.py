@@ -39,6 +39,7 @@ class GenerationRequest:
     timeout_seconds: float | None
     cache_salt: str = ""
     processing_options: Mapping[str, int] = field(default_factory=dict)
+    tools: Sequence[dict] = ()  # for the chat template, OpenAI's shape
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,11 @@ class GenerationPipeline:
         """The prompt as built, then text as it comes, then the end."""
         started = time.monotonic()
         prompt = await asyncio.to_thread(
-            self.builder.build, request.messages, request.processing_options, request.cache_salt
+            self.builder.build,
+            request.messages,
+            request.processing_options,
+            request.cache_salt,
+            request.tools,
         )
         yield prompt
         encode_task = asyncio.create_task(self._encode_all(request, prompt.items))

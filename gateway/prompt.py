@@ -17,7 +17,7 @@ where it adds text around the placeholders (Gemma 3's blank lines).
 from __future__ import annotations
 
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -29,8 +29,9 @@ from tessera.hashing import salted_hash
 from tessera.media import ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
+from tessera.startup_flags import MediaCountLimits
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 T = TypeVar("T")
 
 
@@ -53,6 +54,10 @@ class MediaPart:
 class ChatInput:
     role: str
     parts: Sequence[TextPart | MediaPart]
+    # An assistant turn's calls, in the chat-template shape (arguments as a dict).
+    tool_calls: Sequence[dict] = ()
+    # A tool turn's answer to the call of this id.
+    tool_call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,12 +87,13 @@ class PromptBuilder:
         self,
         family: ModelFamily,
         limits: MediaLimits,
-        limit_mm_per_prompt: int,
+        limit_mm_per_prompt: MediaCountLimits | int,
         default_processing_options: Mapping[str, int] | None = None,
     ):
         self.family = family
         self.decoder = MediaDecoder.for_family(family, limits)
-        self.limit_mm_per_prompt = limit_mm_per_prompt
+        # A plain number: that many items of every modality.
+        self.limit_mm_per_prompt = MediaCountLimits.of(limit_mm_per_prompt)
         self.default_processing_options = dict(default_processing_options or {})
 
     def build(
@@ -95,10 +101,12 @@ class PromptBuilder:
         messages: Sequence[ChatInput],
         processing_options: Mapping[str, int] | None = None,
         cache_salt: str = "",
+        tools: Sequence[dict] = (),
     ) -> Prompt:
         """CPU-heavy (decoding and hashing images): call it off the event loop.
         `processing_options` overlay the server's defaults for this request's items;
-        `cache_salt` salts their content hashes (tessera.hashing.salted_hash)."""
+        `cache_salt` salts their content hashes (tessera.hashing.salted_hash); `tools`
+        (OpenAI's shape) go to the chat template."""
         media = self._check_messages(messages)
         requested = {**self.default_processing_options, **(processing_options or {})}
         try:
@@ -110,10 +118,13 @@ class PromptBuilder:
         ]
         template_messages = [_template_message(m) for m in messages]
         if self.family.renders_token_ids:
+            if tools:
+                raise PromptError(f"tools are not supported by {self.family.name}")
             num_rows = [item.placement.num_rows for item in prepared]
             token_ids = _rendered(self.family.render_prompt_ids, template_messages, num_rows)
             return self._placed(token_ids, prepared)
-        return self._expand(_rendered(self.family.render_prompt, template_messages), prepared)
+        rendered = _rendered(self.family.render_prompt, template_messages, list(tools) or None)
+        return self._expand(rendered, prepared)
 
     def _check_messages(self, messages: Sequence[ChatInput]) -> list[MediaPart]:
         if not messages:
@@ -124,7 +135,7 @@ class PromptBuilder:
                 raise PromptError(
                     f"message {index}: role {message.role!r} is not one of {', '.join(ROLES)}"
                 )
-            if not message.parts:
+            if not message.parts and not message.tool_calls:
                 raise PromptError(f"message {index} has no content parts")
             for part in message.parts:
                 if isinstance(part, MediaPart):
@@ -136,16 +147,23 @@ class PromptBuilder:
                         )
                     media.append(part)
         self._check_text_length(messages)
-        if len(media) > self.limit_mm_per_prompt:
-            raise PromptError(
-                f"{len(media)} media items; at most {self.limit_mm_per_prompt} per request "
-                "(--limit-mm-per-prompt)"
-            )
+        self._check_media_counts(media)
         try:
             self.decoder.check_request_pixels((part.modality, part.data) for part in media)
         except ValueError as error:
             raise PromptError(str(error)) from None
         return media
+
+    def _check_media_counts(self, media: Sequence[MediaPart]) -> None:
+        """Refuses more items of a modality than --limit-mm-per-prompt allows, naming it."""
+        counts = Counter(part.modality.value for part in media)
+        for modality, count in sorted(counts.items()):
+            limit = self.limit_mm_per_prompt.limit(modality)
+            if count > limit:
+                raise PromptError(
+                    f"{count} {modality} items; at most {limit} {modality} items per request "
+                    "(--limit-mm-per-prompt)"
+                )
 
     def _check_text_length(self, messages: Sequence[ChatInput]) -> None:
         """Refuses text that cannot fit the context before it is tokenized: tokenizing
@@ -266,6 +284,15 @@ def _rendered(render: Callable[..., T], *args: object) -> T:
 
 
 def _template_message(message: ChatInput) -> dict:
+    if message.tool_calls or message.role == "tool":
+        # Templates write these turns' content as a string (Qwen2.5's `'\n' + content`).
+        text = "".join(part.text for part in message.parts if isinstance(part, TextPart))
+        rendered: dict = {"role": message.role, "content": text}
+        if message.tool_calls:
+            rendered["tool_calls"] = list(message.tool_calls)
+        if message.tool_call_id:
+            rendered["tool_call_id"] = message.tool_call_id
+        return rendered
     content = [
         {"type": "text", "text": part.text}
         if isinstance(part, TextPart)

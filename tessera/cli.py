@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
+import traceback
 from pathlib import Path
 
 from tessera import __version__
 from tessera.config_common import env_default
 from tessera.demo_models import DEFAULT_FAMILY, DEMO_FAMILIES, DEMO_MODEL_SIZES
-from tessera.server_errors import PortTakenError
+from tessera.server_errors import PortTakenError, StartupError, one_line
+from tessera.startup_flags import HelpFormatter, is_debug, port_number
 from tessera.tls import TlsFiles, TlsFilesError, add_tls_flags
 
 
@@ -35,17 +38,15 @@ def ensure_demo_model(directory: Path, family: str = DEFAULT_FAMILY) -> Path:
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
-    from decoder_service.main import build_parser as decoder_parser
-    from encoder_service.main import build_parser as encoder_parser
-    from gateway.main import build_parser as gateway_parser
-    from tessera.launcher import metrics_services, route_flags, serve_all
+    from tessera.launcher import metrics_services, plan_replicas, route_flags, serve_all
+    from tessera.preflight import check_serve, service_parsers
 
-    parsers = {
-        "encoder": encoder_parser(),
-        "decoder": decoder_parser(),
-        "gateway": gateway_parser(),
-    }
-    routed = route_flags(extra, parsers)
+    parsers = service_parsers()
+    try:
+        routed = route_flags(extra, parsers)
+    except SystemExit as error:  # a flag no service takes: a usage error, as argparse's
+        print(f"tessera serve: {error.code}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.max_chunk_tokens is not None:
         routed["decoder"] += ["--max-chunk-tokens", str(args.max_chunk_tokens)]
     if args.http_port:
@@ -53,7 +54,26 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     if args.model and args.family:
         raise SystemExit("tessera serve: give --model or --family, not both")
     family = args.family or DEFAULT_FAMILY
-    model = args.model or str(ensure_demo_model(default_demo_dir(family), family))
+    model = args.model or str(default_demo_dir(family))
+    # Every flag of every service, before anything starts (the demo model is made after:
+    # a typo should not wait for it).
+    plan = plan_replicas(
+        model,
+        args.host,
+        args.port,
+        routed,
+        args.encoders,
+        args.decoders,
+        args.redis_url,
+        ports=itertools.repeat(0),
+    )
+    gateway_ports = {"--port": args.port, "--http-port": args.http_port}
+    problems = check_serve(plan, args.host, gateway_ports, check_model=args.model is not None)
+    if problems:
+        print("\n".join(problem.line() for problem in problems), file=sys.stderr)
+        raise SystemExit(2)
+    if not args.model:
+        ensure_demo_model(Path(model), family)
     serve_all(
         model,
         args.host,
@@ -133,29 +153,35 @@ SERVICE_COMMANDS = {
 
 
 def add_service_flags(name: str, parser: argparse.ArgumentParser) -> None:
-    """The service's own flags; importing its module pulls in torch and transformers."""
+    """The service's own flags, from its config module (what its main's build_parser
+    adds), which imports no torch."""
     if name == "encoder":
-        from encoder_service.main import build_parser
+        from encoder_service.config import add_encoder_flags as add_flags
     elif name == "decoder":
-        from decoder_service.main import build_parser
+        from decoder_service.config import add_decoder_flags as add_flags
     else:
-        from gateway.main import build_parser
-    build_parser(parser)
+        from gateway.config import add_gateway_flags as add_flags
+    add_flags(parser)
 
 
 def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
     """The whole command line. Without `with_services` the three service commands are
     listed but take no flags, so the client commands start without torch."""
-    parser = argparse.ArgumentParser(prog="tessera", description="Tessera multimodal LLM serving")
+    parser = argparse.ArgumentParser(
+        prog="tessera", description="Tessera multimodal LLM serving", formatter_class=HelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"tessera {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in SERVICE_COMMANDS.items():
-        service = commands.add_parser(name, help=text, description=text)
+        service = commands.add_parser(
+            name, help=text, description=text, formatter_class=HelpFormatter
+        )
         if with_services:
             add_service_flags(name, service)
 
     serve = commands.add_parser(
         "serve",
+        formatter_class=HelpFormatter,
         help="run gateway, encoders and decoders on localhost",
         description="Runs the whole system (one encoder and one decoder, or --encoders N "
         "--decoders M replicas); any other service flag is passed to the services that "
@@ -169,7 +195,7 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
         help=f"serve a generated demo checkpoint of this family (default: {DEFAULT_FAMILY})",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address every service listens on")
-    serve.add_argument("--port", type=int, default=50051, help="the gateway's gRPC port")
+    serve.add_argument("--port", type=port_number, default=50051, help="the gateway's gRPC port")
     serve.add_argument(
         "--max-chunk-tokens",
         type=int,
@@ -177,7 +203,10 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
         help="most prompt tokens per prefill chunk (default: the decoder's)",
     )
     serve.add_argument(
-        "--http-port", type=int, default=8000, help="the OpenAI-compatible HTTP API (0: off)"
+        "--http-port",
+        type=port_number,
+        default=8000,
+        help="the OpenAI-compatible HTTP API (0: off)",
     )
     serve.add_argument(
         "--ready-timeout",
@@ -212,7 +241,9 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
     )
 
     text = "send one request to a gateway and print the answer as it streams"
-    generate = commands.add_parser("generate", help=text, description=text)
+    generate = commands.add_parser(
+        "generate", help=text, description=text, formatter_class=HelpFormatter
+    )
     generate.add_argument("prompt", help="the user message's text (after the media)")
     generate.add_argument("--server", default="127.0.0.1:50051", help="the gateway's host:port")
     generate.add_argument("--image", action="append", default=[], help="image file (repeatable)")
@@ -242,7 +273,9 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
     )
 
     text = "write a random-weight checkpoint of a supported family (no downloads)"
-    demo = commands.add_parser("make-demo-model", help=text, description=text)
+    demo = commands.add_parser(
+        "make-demo-model", help=text, description=text, formatter_class=HelpFormatter
+    )
     demo.add_argument("dir", help="directory to write the checkpoint to")
     demo.add_argument(
         "--family", choices=list(DEMO_FAMILIES), default=DEFAULT_FAMILY, help="model family"
@@ -284,8 +317,11 @@ def main(argv: list[str] | None = None) -> None:
         return cmd_make_demo_model(args)
     try:
         run(args)
-    except (PortTakenError, TlsFilesError) as error:  # a start-up error, not a crash: one line
-        raise SystemExit(f"tessera {args.command}: {error}") from None
+    except (PortTakenError, TlsFilesError, StartupError) as error:
+        # A start-up error, not a crash: one line (and the traceback with --log-level debug).
+        if is_debug(args.log_level):
+            traceback.print_exc()
+        raise SystemExit(f"tessera {args.command}: {one_line(error)}") from None
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tessera.logs import LOG_FORMATS, add_log_format_flag
+from tessera.startup_flags import dtype_flag, log_level, port_number
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -28,21 +29,34 @@ def _log_format(value: str) -> str:
     return value
 
 
-def served_model_name(model: str, override: str | None) -> str:
-    """The model's name in the API and in metrics' `model_name` label: `override`, else
-    the checkpoint directory's (or hub id's) last part.
+def served_model_names(model: str, override: Sequence[str] | str | None) -> list[str]:
+    """The model's names in the API (--served-model-name, as many as given): `override`,
+    else the checkpoint directory's (or hub id's) last part, never its path.
+
+    Example: served_model_names("/models/llava-1.5/", None) == ["llava-1.5"]
+    """
+    if isinstance(override, str):
+        override = [override]
+    return list(dict.fromkeys(override)) if override else [Path(model.rstrip("/")).name or model]
+
+
+def served_model_name(model: str, override: Sequence[str] | str | None) -> str:
+    """The first of the served names: the one responses carry and metrics' `model_name`
+    label.
 
     Example: served_model_name("/models/llava-1.5/", None) == "llava-1.5"
     """
-    return override or Path(model.rstrip("/")).name or model
+    return served_model_names(model, override)[0]
 
 
 def add_served_model_name_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--served-model-name",
+        nargs="+",
         default=None,
-        help="the model's name in the API and in metrics' model_name label "
-        "(default: the checkpoint directory's name)",
+        help="the model's names in the API: /v1/models lists them, requests may name any; "
+        "the first is the one responses and metrics' model_name label carry (default: the "
+        "checkpoint directory's name)",
     )
 
 
@@ -63,9 +77,10 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
     parser.add_argument(
         "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16", "float16"],
-        help="weights and activations dtype",
+        default="auto",
+        type=dtype_flag,
+        help="weights and activations dtype: auto (the checkpoint's config.json dtype; "
+        "float32 on a CPU for a half-precision checkpoint), float32, bfloat16, float16",
     )
     parser.add_argument(
         "--model-fingerprint",
@@ -77,14 +92,22 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=default_port, help="gRPC port (0 = any free)")
+    parser.add_argument(
+        "--port", type=port_number, default=default_port, help="gRPC port (0 = any free)"
+    )
     parser.add_argument(
         "--drain-seconds",
         type=float,
         default=10.0,
         help="on SIGTERM, how long in-flight requests get to finish",
     )
-    parser.add_argument("--log-level", default=env_default("TESSERA_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        default=env_default("TESSERA_LOG_LEVEL", "INFO"),
+        help="debug, info, warning, error (env TESSERA_LOG_LEVEL); debug also prints the "
+        "traceback of a start-up failure",
+    )
     add_log_format_flag(parser, env_default("TESSERA_LOG_FORMAT", "text", _log_format))
     parser.add_argument(
         "--enable-reflection",
@@ -94,7 +117,7 @@ def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None
     )
     parser.add_argument(
         "--health-port",
-        type=int,
+        type=port_number,
         default=0,
         help="also serve grpc.health.v1, and nothing else, in plaintext on this port "
         "(0: off), for probes that cannot present a client certificate (the kubelet's)",

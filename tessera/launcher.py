@@ -112,12 +112,24 @@ def route_flags(
         if not owners:
             raise SystemExit(f"no service takes {flag}; see tessera encoder|decoder|gateway --help")
         action = parsers[owners[0]]._option_string_actions[flag]
-        takes_value = action.nargs != 0 and "=" not in token
-        group = extra[index : index + 1 + int(takes_value)]
+        group = extra[index : index + 1 + _num_values(action, token, extra[index + 1 :])]
         for name in owners:
             routed[name] += group
         index += len(group)
     return routed
+
+
+def _num_values(action: argparse.Action, token: str, rest: list[str]) -> int:
+    """How many of the tokens after `token` are its values: none for a switch or
+    `--flag=value`, all up to the next flag for a list (`--served-model-name a b`), else one."""
+    if action.nargs == 0 or "=" in token:
+        return 0
+    if action.nargs in ("+", "*"):
+        values = 0
+        while values < len(rest) and not rest[values].startswith("-"):
+            values += 1
+        return values
+    return 1
 
 
 def metrics_services(parsers: dict[str, argparse.ArgumentParser]) -> set[str]:
@@ -181,10 +193,7 @@ def wait_healthy(
         with sync_channel(child.address, tls) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
-                if child.process.poll() is not None:
-                    raise SystemExit(
-                        f"the {child.name} exited with code {child.process.returncode}"
-                    )
+                _stop_if_one_exited(children)
                 try:
                     status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
                     if status == health_pb2.HealthCheckResponse.SERVING:
@@ -194,6 +203,17 @@ def wait_healthy(
                 if time.monotonic() > deadline:
                     raise SystemExit(f"the {child.name} was not ready after {timeout_seconds:.0f}s")
                 time.sleep(0.2)
+
+
+def _stop_if_one_exited(children: list[Child]) -> None:
+    """Any child that exited while starting ends the start: it printed its own line (why);
+    this says which one, and that the others are stopped."""
+    for child in children:
+        if child.process.poll() is not None:
+            raise SystemExit(
+                f"tessera serve: the {child.name} failed to start (exit code "
+                f"{child.process.returncode}); stopping the others"
+            )
 
 
 def start_child(name: str, args: list[str]) -> subprocess.Popen:

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tessera.startup_flags import port_number
+
 # (name, help, kind) -> value, read at scrape time. kind is "counter" or "gauge".
 Reading = tuple[str, str, str, float]
 
@@ -60,7 +62,7 @@ def serve_metrics(port: int, host: str, registry: CollectorRegistry) -> None:
 def add_metrics_flag(parser, default: int = 0) -> None:
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=default,
         help="serve Prometheus /metrics on this port (0: off)",
     )

@@ -33,3 +33,18 @@ def read_architecture(model_dir: Path) -> str:
     if not architectures:
         raise ValueError(f"{config_path} names no architectures")
     return architectures[0]
+
+
+def checkpoint_dtype(model_dir: Path) -> str | None:
+    """The dtype config.json says the weights are in (`dtype`, or `torch_dtype` in
+    checkpoints saved before transformers 4.56; a composite model's may sit in its
+    text_config), or None if it names none."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") or {}):
+        for key in ("dtype", "torch_dtype"):
+            if isinstance(section.get(key), str):
+                return section[key].removeprefix("torch.")
+    return None

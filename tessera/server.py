@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from tessera import __version__
 from tessera.access import AccessRules, CallerCheck
-from tessera.server_errors import PortTakenError
+from tessera.server_errors import PortTakenError, StartupError, one_line
 from tessera.tls import TlsFiles, server_credentials
 
 log = logging.getLogger("tessera")
@@ -171,7 +171,15 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    loaded = await load()
+    try:
+        loaded = await load()
+    except Exception as error:  # reported in one line by the CLI (tessera.cli)
+        # Stopped here, on the loop: a server left to the garbage collector prints a
+        # traceback of its own once the loop is closed.
+        await server.stop(0)
+        if health_only is not None:
+            await health_only[0].stop(0)
+        raise StartupError(f"could not load {spec.model}: {one_line(error)}") from error
     await _set_health(health_servicer, spec.service_names, health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "tessera %s %s ready: model=%s %s address=%s transport=%s health_address=%s",

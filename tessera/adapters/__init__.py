@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import torch
+
 from tessera.adapters.base import (
     AttentionRules,
     ItemPlacement,
@@ -11,25 +15,10 @@ from tessera.adapters.base import (
     ModelPart,
     PackedMedia,
 )
-from tessera.model_files import read_architecture, resolve_model_dir
-
-_REGISTRY: dict[str, str] = {
-    "LlavaForConditionalGeneration": "tessera.adapters.llava:LlavaFamily",
-    "LlavaOnevisionForConditionalGeneration": (
-        "tessera.adapters.llava_onevision:LlavaOnevisionFamily"
-    ),
-    "Qwen2VLForConditionalGeneration": "tessera.adapters.qwen_vl:QwenVLFamily",
-    "Qwen2_5_VLForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen2_5_VLFamily",
-    "Qwen3VLForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen3VLFamily",
-    "Qwen3VLMoeForConditionalGeneration": "tessera.adapters.qwen_vl:Qwen3VLMoeFamily",
-    "Gemma3ForConditionalGeneration": "tessera.adapters.gemma3:Gemma3Family",
-    "Qwen2AudioForConditionalGeneration": "tessera.adapters.qwen2_audio:Qwen2AudioFamily",
-    "VoxtralForConditionalGeneration": "tessera.adapters.voxtral:VoxtralFamily",
-}
-
-
-def supported_architectures() -> list[str]:
-    return sorted(_REGISTRY)
+from tessera.architectures import FAMILY_CLASSES as _REGISTRY
+from tessera.architectures import supported_architectures
+from tessera.model_files import checkpoint_dtype, read_architecture, resolve_model_dir
+from tessera.startup_flags import resolve_dtype
 
 
 def load_family(model: str, options: LoadOptions, fingerprint: str | None = None) -> ModelFamily:
@@ -37,6 +26,9 @@ def load_family(model: str, options: LoadOptions, fingerprint: str | None = None
     import importlib
 
     model_dir = resolve_model_dir(model)
+    if isinstance(options.dtype, str):
+        name = resolve_dtype(options.dtype, checkpoint_dtype(model_dir), options.device)
+        options = replace(options, dtype=getattr(torch, name))
     architecture = read_architecture(model_dir)
     if architecture not in _REGISTRY:
         raise ValueError(

@@ -46,10 +46,14 @@ class LoadOptions:
 
     parts: ModelPart
     device: str = "cpu"
-    dtype: torch.dtype = torch.float32
+    # A torch dtype, or a --dtype name ("auto": the checkpoint's), which load_family
+    # resolves before the family sees it.
+    dtype: torch.dtype | str = torch.float32
     # A name registered with transformers' AttentionInterface for the language model
     # (the decoder's paged attention); None keeps the model's default.
     text_attention: str | None = None
+    # The gateway's --chat-template: renders prompts instead of the checkpoint's template.
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,8 +160,11 @@ class ModelFamily(Protocol):
     # tokenized): the front door calls `render_prompt_ids`, not `render_prompt`.
     renders_token_ids: bool
 
-    def render_prompt(self, messages: Sequence[ChatMessageDict]) -> str:
-        """The chat template's text: one `media_marker` per item, in prompt order."""
+    def render_prompt(
+        self, messages: Sequence[ChatMessageDict], tools: list[dict] | None = None
+    ) -> str:
+        """The chat template's text: one `media_marker` per item, in prompt order, and
+        `tools` (OpenAI's function shape) wherever the template lists them."""
         ...
 
     def render_prompt_ids(

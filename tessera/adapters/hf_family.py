@@ -50,6 +50,8 @@ class HFFamily:
         self.dtype = options.dtype
         self._processor = AutoProcessor.from_pretrained(model_dir)
         self._tokenizer = self._processor.tokenizer
+        if options.chat_template is not None:
+            self._override_chat_template(options.chat_template)
         self._check_chat_template()
         self._model = self._load_model(options)
         config = self._config = self._model.config if self._model else _load_config(model_dir)
@@ -65,6 +67,10 @@ class HFFamily:
         self.max_model_len = int(text.max_position_embeddings)
         self.max_token_chars = _max_token_chars(self._tokenizer)
         self.eos_token_ids = _eos_token_ids(model_dir, self._tokenizer)
+
+    def _override_chat_template(self, template: str) -> None:
+        """--chat-template: apply_chat_template renders with the processor's template."""
+        self._processor.chat_template = template
 
     @property
     def tokenizer(self) -> Any:
@@ -104,9 +110,11 @@ class HFFamily:
 
     # -- processor side -------------------------------------------------------------
 
-    def render_prompt(self, messages: Sequence[ChatMessageDict]) -> str:
+    def render_prompt(
+        self, messages: Sequence[ChatMessageDict], tools: list[dict] | None = None
+    ) -> str:
         return self._processor.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=False
+            list(messages), tools=tools, add_generation_prompt=True, tokenize=False
         )
 
     def render_prompt_ids(

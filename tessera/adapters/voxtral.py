@@ -54,6 +54,12 @@ class VoxtralFamily(HFFamily):
     def _check_chat_template(self) -> None:
         """mistral-common renders the conversation; there is no Jinja template."""
 
+    def _override_chat_template(self, template: str) -> None:
+        raise ValueError(
+            f"{self.name} renders prompts with Mistral's tokenizer (mistral-common), not a "
+            "Jinja template: --chat-template cannot apply"
+        )
+
     def _placeholder_token_ids(self) -> dict[Modality, int]:
         return {Modality.AUDIO: int(self._config.audio_token_id)}
 

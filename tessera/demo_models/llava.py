@@ -33,6 +33,12 @@ from tessera.demo_models.common import (
     silent_ids,
     text_config_kwargs,
 )
+from tessera.demo_models.tool_template import (
+    TOOL_CALLS_JINJA,
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    TOOLS_SYSTEM_JINJA,
+)
 
 IMAGE_TOKEN = "<image>"
 BOS_TOKEN = "<s>"
@@ -46,21 +52,40 @@ SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, IMAGE_TOKEN, *ROLE_TOKENS]
 # image token, which the processor then expands to one token per image row.
 CHAT_TEMPLATE = (
     "{{- bos_token -}}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
-    "{{- raise_exception('unsupported role: ' + message['role']) -}}"
-    "{%- endif -%}"
-    "{{- '<|' + message['role'] + '|>\\n' -}}"
-    "{%- if message['content'] is string -%}"
-    "{{- message['content'] -}}"
+    "{%- macro content_text(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
     "{%- else -%}"
-    "{%- for part in message['content'] -%}"
+    "{%- for part in content -%}"
     "{%- if part['type'] == 'image' -%}{{- '" + IMAGE_TOKEN + "' -}}"
     "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- endif -%}"
+    "{%- endmacro -%}"
+    # With tools, the system turn lists them (after the conversation's own system text).
+    "{%- if tools -%}"
+    "{{- '<|system|>\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{{- content_text(messages[0]['content']) + '\\n\\n' -}}"
+    "{%- endif -%}" + TOOLS_SYSTEM_JINJA + "{{- eos_token + '\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] -%}"
+    "{{- raise_exception('unsupported role: ' + message['role']) -}}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{{- '<|user|>\\n"
+    + TOOL_RESPONSE_OPEN
+    + "' + content_text(message['content']) + '"
+    + TOOL_RESPONSE_CLOSE
+    + "' -}}"
+    "{%- else -%}"
+    "{{- '<|' + message['role'] + '|>\\n' + content_text(message['content']) -}}"
+    + TOOL_CALLS_JINJA
+    + "{%- endif -%}"
     "{{- eos_token + '\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )

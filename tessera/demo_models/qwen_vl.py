@@ -37,6 +37,7 @@ from tessera.demo_models.common import (
     save_checkpoint,
     silent_ids,
 )
+from tessera.demo_models.tool_template import qwen_template
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -55,9 +56,8 @@ NAMED_TOKENS = {
 # Trainer special tokens take the first ids, in the real vocabulary's order.
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, EOS_TOKEN, *NAMED_TOKENS.values()]
 
-_TEMPLATE_HEAD = (
+_TEMPLATE_SETS = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}"
 )
 _DEFAULT_SYSTEM = (
     "{% if loop.first and message['role'] != 'system' %}"
@@ -75,11 +75,15 @@ _TEMPLATE_BODY = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-# The Qwen2-VL / Qwen2.5-VL Instruct template, verbatim (with its default system prompt).
-QWEN2_CHAT_TEMPLATE = _TEMPLATE_HEAD + _DEFAULT_SYSTEM + _TEMPLATE_BODY
+_MESSAGE, _LOOP_END, _TEMPLATE_END = _TEMPLATE_BODY.rpartition("{% endfor %}")
+# The Qwen2-VL / Qwen2.5-VL Instruct template (with its default system prompt), verbatim
+# without tools; with tools, Qwen2.5's tool parts (tessera/demo_models/tool_template.py).
+QWEN2_CHAT_TEMPLATE = qwen_template(
+    _TEMPLATE_SETS, _DEFAULT_SYSTEM, _MESSAGE, _TEMPLATE_END, "You are a helpful assistant."
+)
 # Qwen3-VL-Instruct's renders these messages the same way but adds no system prompt (its
 # tool and thinking branches are left out).
-QWEN3_CHAT_TEMPLATE = _TEMPLATE_HEAD + _TEMPLATE_BODY
+QWEN3_CHAT_TEMPLATE = qwen_template(_TEMPLATE_SETS, "", _MESSAGE, _TEMPLATE_END, "")
 
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2

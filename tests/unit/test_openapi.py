@@ -14,7 +14,7 @@ import schemathesis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import access_log, http_server, openai_api, sampling_body, structured
+from gateway import access_log, http_server, openai_api, sampling_body, structured, tools
 from gateway.openapi import DOCUMENT
 
 SCHEMAS = DOCUMENT["components"]["schemas"]
@@ -59,7 +59,7 @@ def documented(schema: dict) -> set[str]:
 
 
 def test_the_request_fields_read_are_the_fields_documented():
-    read = fields_read("body", openai_api, sampling_body, http_server, structured)
+    read = fields_read("body", openai_api, sampling_body, http_server, structured, tools)
     assert "messages" in read and "stream" in read  # the scan sees both modules
     assert read == documented(SCHEMAS["ChatCompletionRequest"])
 
@@ -73,7 +73,7 @@ def test_the_request_fields_read_are_the_fields_documented():
     ],
 )
 def test_nested_fields_read_are_documented(receiver: str, schema: dict):
-    assert fields_read(receiver, openai_api) == documented(schema)
+    assert fields_read(receiver, openai_api, tools) == documented(schema)
 
 
 def test_content_part_types_are_the_ones_parsed():
@@ -126,6 +126,39 @@ GOOD = {
     "mm_processor_kwargs": {"max_pixels": 200704},
     "user": "ignored, as by OpenAI-compatible servers",
 }
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+WITH_TOOLS = {
+    **GOOD,
+    "messages": [
+        *GOOD["messages"],
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c", "content": "done"},
+    ],
+    "tools": [TOOL],
+    "tool_choice": {"type": "function", "function": {"name": "f"}},
+    "parallel_tool_calls": False,
+}
+
+
+def test_a_request_with_tools_is_valid():
+    assert _request_validator().is_valid(WITH_TOOLS)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tools": []},
+        {"tools": [{"type": "function", "function": {"name": "no spaces"}}]},
+        {"tools": [{"type": "retrieval"}]},
+        {"tool_choice": "always"},
+        {"parallel_tool_calls": "yes"},
+        {"messages": [{"role": "assistant", "content": None}]},
+        {"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]},
+    ],
+)
+def test_what_the_gateway_refuses_of_tools_is_invalid(change: dict):
+    assert not _request_validator().is_valid({**WITH_TOOLS, **change})
 
 
 def test_a_full_request_is_valid():

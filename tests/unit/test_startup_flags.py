@@ -1,0 +1,236 @@
+"""The flags a vLLM user expects, parsed in each of their forms, and refused with a message
+that names what is wrong; --limit-mm-per-prompt and --chat-template as the gateway's
+prompt builder applies them."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+
+import pytest
+from PIL import Image
+
+from decoder_service.main import build_parser as decoder_parser
+from gateway.config import GatewayConfig
+from gateway.main import build_parser as gateway_parser
+from gateway.prompt import PromptBuilder, PromptError
+from tessera.adapters import LoadOptions, ModelPart, load_family
+from tessera.demo_models import make_demo_model
+from tessera.media_decoder import MediaLimits
+from tessera.model_files import checkpoint_dtype
+from tessera.startup_flags import (
+    MediaCountLimits,
+    dtype_flag,
+    limit_mm_per_prompt,
+    load_chat_template,
+    log_level,
+    port_number,
+    resolve_dtype,
+)
+from tests.reference import noise_image, to_chat_inputs, to_template
+
+GATEWAY = ["--model", "m", "--encoders", "e:1", "--decoders", "d:1"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('{"image": 4, "audio": 1}', ({"image": 4, "audio": 1}, 16)),
+        ("image=4,audio=1", ({"image": 4, "audio": 1}, 16)),
+        (" image = 2 ", ({"image": 2}, 16)),
+        ('{"audio": 0}', ({"audio": 0}, 16)),
+        ("5", ({}, 5)),
+    ],
+)
+def test_limit_mm_per_prompt_forms(value, expected):
+    limits = limit_mm_per_prompt(value)
+    assert (dict(limits.per_modality), limits.default) == expected
+    assert limits.limit("image") == expected[0].get("image", expected[1])
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('{"video": 1}', "unknown modality 'video'"),
+        ("image=-1", "whole number >= 0"),
+        ('{"image": 1.5}', "whole number >= 0"),
+        ('{"image": true}', "whole number >= 0"),
+        ('{"image": {"count": 2}}', "whole number >= 0"),
+        ('{"image": 4', "not valid JSON"),
+        ("image", "not MODALITY=N"),
+        ("-3", "not MODALITY=N"),
+        ("", "give image=N"),
+    ],
+)
+def test_limit_mm_per_prompt_refusals_say_what_is_wrong(value, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        limit_mm_per_prompt(value)
+
+
+def test_the_gateway_parses_every_form_into_its_config():
+    for value in ('{"image": 3}', "image=3", "3"):
+        args = gateway_parser().parse_args([*GATEWAY, "--limit-mm-per-prompt", value])
+        assert GatewayConfig.from_args(args).limit_mm_per_prompt.limit("image") == 3
+    default = GatewayConfig.from_args(gateway_parser().parse_args(GATEWAY))
+    assert default.limit_mm_per_prompt == MediaCountLimits()
+
+
+def test_serve_routes_every_served_name_to_the_gateway():
+    from tessera.launcher import route_flags
+    from tessera.preflight import service_parsers
+
+    extra = ["--served-model-name", "a", "b", "--max-num-seqs", "2", "--served-model-name=c"]
+    routed = route_flags(extra, service_parsers())
+    names = ["--served-model-name", "a", "b", "--served-model-name=c"]
+    assert routed["gateway"] == names
+    # The decoder takes them too (the model_name label of its metrics).
+    assert routed["decoder"] == ["--served-model-name", "a", "b", "--max-num-seqs", "2", names[-1]]
+    assert routed["encoder"] == []
+
+
+def test_served_model_names_take_one_or_more():
+    args = gateway_parser().parse_args([*GATEWAY, "--served-model-name", "a", "b"])
+    assert args.served_model_name == ["a", "b"]
+    assert gateway_parser().parse_args(GATEWAY).served_model_name is None
+
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [("auto", "auto"), ("half", "float16"), ("float", "float32"), ("BFloat16", "bfloat16")],
+)
+def test_dtype_names_and_vllm_aliases(value, name):
+    assert dtype_flag(value) == name
+
+
+def test_dtype_refusal_lists_the_choices():
+    with pytest.raises(argparse.ArgumentTypeError, match="auto, float32, bfloat16, float16"):
+        dtype_flag("int8")
+    assert decoder_parser().parse_args(["--model", "m"]).dtype == "auto"
+
+
+@pytest.mark.parametrize(
+    ("flag", "checkpoint", "device", "expected"),
+    [
+        ("auto", "bfloat16", "cuda", "bfloat16"),
+        ("auto", "float16", "cuda:1", "float16"),
+        ("auto", "bfloat16", "cpu", "float32"),
+        ("auto", "float16", "cpu", "float32"),
+        ("auto", "float32", "cuda", "float32"),
+        ("auto", None, "cuda", "float32"),
+        ("auto", "float8_e4m3fn", "cuda", "float32"),
+        ("bfloat16", "float32", "cpu", "bfloat16"),
+    ],
+)
+def test_auto_dtype_follows_the_checkpoint(flag, checkpoint, device, expected):
+    assert resolve_dtype(flag, checkpoint, device) == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"dtype": "bfloat16"}, "bfloat16"),
+        ({"torch_dtype": "float16"}, "float16"),
+        ({"text_config": {"torch_dtype": "bfloat16"}}, "bfloat16"),
+        ({"architectures": ["X"]}, None),
+    ],
+)
+def test_checkpoint_dtype_reads_config_json(tmp_path, config, expected):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert checkpoint_dtype(tmp_path) == expected
+
+
+def test_ports_and_log_levels():
+    assert port_number("0") == 0 and port_number("65535") == 65535
+    for bad in ("65536", "-1", "http"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            port_number(bad)
+    assert log_level("debug") == "DEBUG"
+    with pytest.raises(argparse.ArgumentTypeError, match="not a log level"):
+        log_level("loud")
+
+
+def test_chat_template_from_a_file_or_inline(tmp_path):
+    template = "{% for m in messages %}{{ m.role }}{% endfor %}"
+    (tmp_path / "t.jinja").write_text(template)
+    assert load_chat_template(str(tmp_path / "t.jinja")) == template
+    assert load_chat_template(template) == template
+    with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+    with pytest.raises(ValueError, match="does not parse"):
+        load_chat_template("{% for m in messages %}")
+    with pytest.raises(SystemExit):
+        gateway_parser().parse_args([*GATEWAY, "--chat-template", "{% if %}"])
+
+
+def test_help_shows_defaults_but_never_a_secret(monkeypatch, capsys):
+    from tessera.cli import build_parser
+
+    monkeypatch.setenv("TESSERA_API_KEY", "sk-very-secret")
+    for command, shown in [("decoder", "(default: auto)"), ("generate", "(default: 64)")]:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        assert shown in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    assert "sk-very-secret" not in capsys.readouterr().out
+
+
+# -- the gateway's prompt builder -------------------------------------------------------
+
+IMAGE = noise_image(41, 40, 30)
+CUSTOM = (
+    "{% for m in messages %}CUSTOM {{ m.role }}: {% for c in m.content %}"
+    "{% if c.type == 'text' %}{{ c.text }}{% else %}<image>{% endif %}{% endfor %}\n"
+    "{% endfor %}{% if add_generation_prompt %}BOT:{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory):
+    return make_demo_model(tmp_path_factory.mktemp("llava") / "m")
+
+
+def test_limits_are_per_modality_and_name_it(llava_dir):
+    family = load_family(str(llava_dir), LoadOptions(ModelPart.PROCESSOR))
+    prompt = to_chat_inputs([("user", [IMAGE, IMAGE, "Compare."])])
+    builder = PromptBuilder(family, MediaLimits(10**8), limit_mm_per_prompt("image=1"))
+    with pytest.raises(PromptError, match=r"2 image items; at most 1 image items"):
+        builder.build(prompt)
+    # Audio's limit does not bound images.
+    assert PromptBuilder(family, MediaLimits(10**8), limit_mm_per_prompt("audio=0")).build(prompt)
+    assert PromptBuilder(family, MediaLimits(10**8), 2).build(prompt)
+
+
+def test_chat_template_override_renders_as_hf_would(llava_dir):
+    from transformers import AutoProcessor
+
+    family = load_family(str(llava_dir), LoadOptions(ModelPart.PROCESSOR, chat_template=CUSTOM))
+    messages = [("user", [IMAGE, "What is it?"])]
+    built = PromptBuilder(family, MediaLimits(10**8), 4).build(to_chat_inputs(messages))
+    # The oracle: the checkpoint's own processor given the same template.
+    processor = AutoProcessor.from_pretrained(llava_dir)
+    expected = processor.apply_chat_template(
+        to_template(messages), chat_template=CUSTOM, add_generation_prompt=True, tokenize=False
+    )
+    assert expected.startswith("CUSTOM user: <image>")
+    image = Image.open(io.BytesIO(IMAGE))
+    inputs = processor(
+        text=expected, images=[[image]], return_tensors="pt", add_special_tokens=False
+    )
+    assert built.token_ids == inputs["input_ids"][0].tolist()
+    default = load_family(str(llava_dir), LoadOptions(ModelPart.PROCESSOR))
+    assert "CUSTOM" not in default.render_prompt(to_template(messages))
+
+
+def test_auto_dtype_reaches_the_family(llava_dir, tmp_path):
+    import shutil
+
+    import torch
+
+    half = shutil.copytree(llava_dir, tmp_path / "half")
+    config = json.loads((half / "config.json").read_text())
+    (half / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    parts = ModelPart.PROCESSOR
+    assert load_family(str(half), LoadOptions(parts, "cpu", "auto")).dtype == torch.float32
+    assert load_family(str(half), LoadOptions(parts, "cpu", "bfloat16")).dtype == torch.bfloat16
