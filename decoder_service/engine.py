@@ -31,7 +31,7 @@ from decoder_service.request import (
     RequestState,
     SampledToken,
 )
-from decoder_service.sampler import sample
+from decoder_service.sampler import SamplerRow, TokenCounts, needs_counts, sample_batch
 from decoder_service.scheduler import ScheduledWork, Scheduler
 from tessera.adapters import ModelFamily
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
@@ -162,12 +162,14 @@ class Engine:
         self.counters.num_steps += 1
         self.counters.num_batched_tokens += output.num_tokens
         self.counters.num_scheduled_requests += len(output.work)
+        sampling: list[tuple[ScheduledWork, torch.Tensor]] = []
         for item, request_logits in zip(inputs, logits, strict=True):
             try:
-                self._postprocess(item.work, request_logits)
-            except Exception as error:  # sampling or bookkeeping of one request: it ends alone
-                log.exception("request %s failed after its forward", item.work.request.request_id)
-                self._fail(item.work.request, RequestFailedError(f"the request failed: {error}"))
+                if self._advance(item.work) and request_logits is not None:
+                    sampling.append((item.work, request_logits))
+            except Exception as error:  # bookkeeping of one request: it ends alone
+                self._fail_after_forward(item.work.request, error)
+        self._sample_step(sampling)
 
     # -- embeddings ----------------------------------------------------------------------
 
@@ -208,47 +210,104 @@ class Engine:
 
     # -- postprocess ---------------------------------------------------------------------
 
-    def _postprocess(self, work: ScheduledWork, logits: torch.Tensor | None) -> None:
+    def _advance(self, work: ScheduledWork) -> bool:
+        """Records the computed chunk; False when the request is gone."""
         request = work.request
         if request.finished or request not in self.scheduler.running:
-            return
+            return False
         request.num_computed_tokens = work.end
         if request.num_computed_tokens >= request.num_prompt_tokens:
             self._release_leases(request)
         self._cache_blocks(request)
-        if logits is None:
+        return True
+
+    def _sample_step(self, sampling: list[tuple[ScheduledWork, torch.Tensor]]) -> None:
+        """One `sample_batch` over every row that samples this step. Should the batch
+        fail, each row is sampled alone, so only the request at fault ends."""
+        if not sampling:
             return
-        grammar = request.grammar
-        allowed = grammar.allowed_tokens(logits.shape[-1]) if grammar else None
-        token = sample(logits, request.spec.sampling, request.generator, allowed)
-        if grammar:
-            grammar.advance(token.token_id)
+        try:
+            rows = [self._sampler_row(work.request, logits) for work, logits in sampling]
+            tokens = sample_batch(torch.stack([logits for _, logits in sampling]), rows)
+        except Exception:
+            for work, logits in sampling:
+                try:
+                    token = sample_batch(
+                        logits.unsqueeze(0), [self._sampler_row(work.request, logits)]
+                    )
+                    self._emit(work.request, token[0])
+                except Exception as error:
+                    self._fail_after_forward(work.request, error)
+            return
+        for (work, _), token in zip(sampling, tokens, strict=True):
+            try:
+                self._emit(work.request, token)
+            except Exception as error:
+                self._fail_after_forward(work.request, error)
+
+    def _sampler_row(self, request: RequestState, logits: torch.Tensor) -> SamplerRow:
+        options = request.spec.sampling
+        if request.token_counts is None and needs_counts(options):
+            # Sized like the logits: an lm_head may be padded past the tokenizer's vocabulary.
+            request.token_counts = TokenCounts(
+                logits.shape[-1], request.spec.prompt_token_ids, logits.device
+            )
+            for token_id in request.output_token_ids:
+                request.token_counts.add(token_id)
+        # vLLM: min_tokens holds back the stop ids, and EOS unless EOS does not stop.
+        suppress = set(options.stop_token_ids)
+        if not options.ignore_eos:
+            suppress.update(self.family.eos_token_ids)
+        return SamplerRow(
+            options,
+            request.generator,
+            num_output_tokens=len(request.output_token_ids),
+            min_tokens_suppress=tuple(sorted(suppress)),
+            counts=request.token_counts,
+            # Structured outputs: the grammar's allowed tokens, applied after every processor.
+            allowed_tokens_mask=(
+                request.grammar.allowed_tokens(logits.shape[-1]) if request.grammar else None
+            ),
+        )
+
+    def _fail_after_forward(self, request: RequestState, error: Exception) -> None:
+        log.exception("request %s failed after its forward", request.request_id)
+        self._fail(request, RequestFailedError(f"the request failed: {error}"))
+
+    def _emit(self, request: RequestState, token: SampledToken) -> None:
         request.output_token_ids.append(token.token_id)
+        if request.token_counts is not None:
+            request.token_counts.add(token.token_id)
+        if request.grammar is not None:
+            request.grammar.advance(token.token_id)
         if request.stats.time_to_first_token_seconds is None:
             request.stats.time_to_first_token_seconds = time.monotonic() - request.arrival_time
         request.events.put_nowait(token)
         reason = self._finish_reason(request, token)
         if reason is not None:
-            request.events.put_nowait(
-                Finished(
-                    reason, request.num_prompt_tokens, len(request.output_token_ids), request.stats
-                )
+            self._complete(request, reason)
+
+    def _complete(self, request: RequestState, reason: FinishReason) -> None:
+        request.events.put_nowait(
+            Finished(
+                reason, request.num_prompt_tokens, len(request.output_token_ids), request.stats
             )
-            self.counters.num_finished += 1
-            self._finish(request)
-            stats = request.stats
-            log.info(
-                "request %s %s: %d prompt tokens (%d cached), %d generated, ttft %.1f ms, "
-                "%d embedding bytes, %d preemptions",
-                request.request_id,
-                reason.value,
-                request.num_prompt_tokens,
-                stats.num_cached_prompt_tokens,
-                len(request.output_token_ids),
-                (stats.time_to_first_token_seconds or 0) * 1000,
-                stats.num_embedding_bytes,
-                stats.num_preemptions,
-            )
+        )
+        self.counters.num_finished += 1
+        self._finish(request)
+        stats = request.stats
+        log.info(
+            "request %s %s: %d prompt tokens (%d cached), %d generated, ttft %.1f ms, "
+            "%d embedding bytes, %d preemptions",
+            request.request_id,
+            reason.value,
+            request.num_prompt_tokens,
+            stats.num_cached_prompt_tokens,
+            len(request.output_token_ids),
+            (stats.time_to_first_token_seconds or 0) * 1000,
+            stats.num_embedding_bytes,
+            stats.num_preemptions,
+        )
 
     def _cache_blocks(self, request: RequestState) -> None:
         kv = self.scheduler.kv

@@ -36,6 +36,13 @@ class SamplingOptions:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     num_top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 0 and 1 are off
+    min_p: float = 0.0
+    # (token id, bias) pairs, sorted by token id (a tuple: the options are frozen).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
     # The grammar the output must follow (structured outputs); None: unconstrained.
     structured: GrammarSpec | None = None
 
@@ -137,6 +144,8 @@ class RequestState:
     blocked_since: float | None = None
     leases_released: bool = False
     finished: bool = False
+    # Penalty counts (decoder_service.sampler.TokenCounts), made on the first sample.
+    token_counts: Any = None
     # The request's place in its grammar (set by the engine when it has one).
     grammar: GrammarMatcher | None = None
 

@@ -11,23 +11,33 @@ from tessera.hashing import is_content_hash
 from tessera.limits import MAX_ENCODER_HINTS, check_cache_salt, check_request_id
 from tessera.media import ProcessingOptions
 from tessera.placeholders import validate_ranges
-from tessera.sampling import check_sampling, effective_temperature
+from tessera.sampling import check_sampling, check_token_ids, effective_temperature
 from tessera.v1 import common_pb2, decoder_pb2
 from tessera.wire import range_from_proto
 
 
 def sampling_from_proto(
-    message: common_pb2.SamplingParams, default_max_tokens: int, max_new_tokens: int
+    message: common_pb2.SamplingParams,
+    default_max_tokens: int,
+    max_new_tokens: int,
+    vocab_size: int,
 ) -> SamplingOptions:
     """`max_new_tokens` is what the context leaves after the prompt."""
     check_sampling(message)
+    check_token_ids(message, vocab_size)
     if message.max_tokens > max_new_tokens:
         raise ValueError(
             f"max_tokens {message.max_tokens} exceeds what the context leaves after the "
             f"prompt ({max_new_tokens}); lower max_tokens or shorten the prompt"
         )
+    max_tokens = message.max_tokens or min(default_max_tokens, max_new_tokens)
+    if message.min_tokens > max_tokens:
+        raise ValueError(
+            f"min_tokens ({message.min_tokens}) must be <= max_tokens ({max_tokens}, "
+            "the default when unset)"
+        )
     return SamplingOptions(
-        max_tokens=message.max_tokens or min(default_max_tokens, max_new_tokens),
+        max_tokens=max_tokens,
         temperature=effective_temperature(message.temperature),
         top_p=message.top_p or 1.0,
         top_k=message.top_k,
@@ -35,6 +45,12 @@ def sampling_from_proto(
         stop_token_ids=frozenset(message.stop_token_ids),
         ignore_eos=message.ignore_eos,
         num_top_logprobs=message.num_top_logprobs,
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+        repetition_penalty=message.repetition_penalty or 1.0,
+        min_p=message.min_p,
+        logit_bias=tuple(sorted(message.logit_bias.items())),
+        min_tokens=message.min_tokens,
         structured=grammar_spec_from_proto(message.structured_output),
     )
 
@@ -73,7 +89,7 @@ def spec_from_proto(
         prompt_token_ids=prompt,
         items=tuple(items),
         sampling=sampling_from_proto(
-            message.sampling, default_max_tokens, max_model_len - len(prompt)
+            message.sampling, default_max_tokens, max_model_len - len(prompt), family.vocab_size
         ),
         max_chunk_tokens=min(chunk, max_chunk_tokens) if chunk else max_chunk_tokens,
         cache_salt=cache_salt,

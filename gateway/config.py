@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.api_keys import ApiKeys, add_api_key_flags, api_keys_from_args
+from gateway.generation_defaults import GENERATION_CONFIG_MODES
 from gateway.tool_calls import PARSERS
 from tessera.access import AccessRules, add_allow_callers_flag, rules_from_args
 from tessera.config_common import (
@@ -77,6 +78,7 @@ class GatewayConfig:
     access: AccessRules
     enable_reflection: bool
     health_port: int
+    generation_config: str  # "auto": sampling defaults from the checkpoint; "vllm": neutral
     tool_call_parser: str  # how tool calls are read out of text (gateway/tool_calls.py)
     enable_auto_tool_choice: bool
 
@@ -187,6 +189,14 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=20 << 20,
         help="largest media file fetched from a URL (enforced while streaming)",
+    )
+    parser.add_argument(
+        "--generation-config",
+        choices=GENERATION_CONFIG_MODES,
+        default="auto",
+        help="auto: the checkpoint's generation_config.json gives the defaults of "
+        "temperature, top_p, top_k, min_p and repetition_penalty for HTTP requests that "
+        "leave them unset; vllm: neutral defaults (greedy)",
     )
     parser.add_argument(
         "--tool-call-parser",

@@ -31,6 +31,7 @@ from gateway import openai_api, openapi
 from gateway.access_log import http_status
 from gateway.api_keys import ApiKeys, UnauthenticatedError
 from gateway.front import GatewayFront, Outcome, Rejected
+from gateway.generation_defaults import NEUTRAL, SamplingDefaults
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import DownstreamError, GenerationPipeline
 from gateway.prompt import PromptError
@@ -94,6 +95,7 @@ class HttpApi:
         backends: list,
         api_keys: ApiKeys,
         metrics_route: bool,
+        sampling_defaults: SamplingDefaults = NEUTRAL,
         tool_settings: ToolSettings = DEFAULT_TOOL_SETTINGS,
     ):
         self.front, self.registry, self.policy = front, registry, policy
@@ -101,6 +103,7 @@ class HttpApi:
         self.request_timeout_seconds = request_timeout_seconds
         self.backends = backends  # ReplicaSets whose every address /ready checks
         self.api_keys = api_keys
+        self.sampling_defaults = sampling_defaults  # from the checkpoint's generation_config
         self.tool_settings = tool_settings  # --tool-call-parser, --enable-auto-tool-choice
         routes = [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -138,7 +141,12 @@ class HttpApi:
         try:
             body = await self._read_json(request)
             chat = await openai_api.chat_request_from_body(
-                body, request_id, self.policy, self.request_timeout_seconds, self.tool_settings
+                body,
+                request_id,
+                self.policy,
+                self.request_timeout_seconds,
+                self.sampling_defaults,
+                self.tool_settings,
             )
             chat = dataclasses.replace(chat, tenant=tenant, protocol="http")
             stream, include_usage = openai_api.stream_settings(body)

@@ -8,6 +8,7 @@ import asyncio
 from gateway.api_keys import with_key_file
 from gateway.config import GatewayConfig, add_gateway_flags
 from gateway.front import GatewayFront
+from gateway.generation_defaults import load_sampling_defaults
 from gateway.http_server import HttpApi, start_http
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import GenerationPipeline
@@ -50,6 +51,10 @@ async def run(config: GatewayConfig) -> None:
         options = LoadOptions(ModelPart.PROCESSOR, chat_template=chat_template)
         family = await asyncio.to_thread(
             load_family, config.model, options, config.model_fingerprint
+        )
+        # Fails the start, not each request, when the checkpoint's sampling settings are wrong.
+        sampling_defaults = await asyncio.to_thread(
+            load_sampling_defaults, config.model, config.generation_config
         )
         # Fails the start, not each request, when --mm-processor-kwargs is wrong.
         family.processing_options(config.mm_processor_kwargs, num_items=1)
@@ -108,6 +113,7 @@ async def run(config: GatewayConfig) -> None:
                 [encoders, decoders],
                 api_keys,
                 metrics_route=not config.metrics_port,
+                sampling_defaults=sampling_defaults,
                 tool_settings=ToolSettings(config.tool_call_parser, config.enable_auto_tool_choice),
             )
             await start_http(api.app, config.host, config.http_port)

@@ -10,9 +10,13 @@ import time
 from typing import Any
 
 from gateway.front import ChatRequest, Outcome, Rejected
+from gateway.generation_defaults import NEUTRAL, SamplingDefaults
 from gateway.media_fetch import MediaFetchPolicy, MediaURLError, load_media_url
 from gateway.prompt import ChatInput, MediaPart, TextPart
-from gateway.structured import structured_output_from_body
+from gateway.sampling_body import MAX_TOKENS_LIMIT, sampling_from_body
+from gateway.sampling_body import boolean as _boolean
+from gateway.sampling_body import integer as _integer
+from gateway.sampling_body import require as _require
 from gateway.tool_calls import parse_tool_calls
 from gateway.tools import (
     DEFAULT_TOOL_SETTINGS,
@@ -24,78 +28,8 @@ from gateway.tools import (
 )
 from tessera.media import options_from_json
 from tessera.placeholders import Modality
-from tessera.sampling import MAX_TOP_LOGPROBS
-from tessera.v1 import common_pb2
 
-# Bounds the gateway checks, and the OpenAPI document (gateway/openapi.py) states.
-MAX_TOKENS_LIMIT = 1 << 20
-MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4
-
-
-def _require(condition: bool, message: str, param: str) -> None:
-    if not condition:
-        raise Rejected(message, param=param)
-
-
-def _number(body: dict, name: str, kind: type, low: float, high: float) -> Any:
-    value = body.get(name)
-    if value is None:
-        return None
-    _require(
-        isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high,
-        f"{name} must be a number in [{low}, {high}]",
-        name,
-    )
-    return kind(value)
-
-
-def _integer(body: dict, name: str, low: int, high: int, message: str = "") -> int | None:
-    """An integer field; null is unset. 2.0 counts (JSON does not tell it from 2), and
-    neither 2.5 nor true does."""
-    value = body.get(name)
-    if value is None:
-        return None
-    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    _require(
-        whole and not isinstance(value, bool) and low <= value <= high,
-        message or f"{name} must be an integer in [{low}, {high}]",
-        name,
-    )
-    return int(value)
-
-
-def _boolean(body: dict, name: str, param: str = "") -> bool:
-    """A boolean field; null is false. Only true and false: "no" would be truthy."""
-    value = body.get(name)
-    _require(
-        value is None or isinstance(value, bool),
-        f"{param or name} must be true or false",
-        param or name,
-    )
-    return bool(value)
-
-
-def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
-    _integer(body, "n", 1, 1, "only n=1 is supported")
-    # Both are checked; max_completion_tokens (OpenAI's newer name) wins unless it is null.
-    max_tokens = _integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
-    max_completion_tokens = _integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
-    sampling = common_pb2.SamplingParams(
-        max_tokens=max_completion_tokens or max_tokens or 0,
-        temperature=_number(body, "temperature", float, 0, 2) or 0.0,
-        top_p=_number(body, "top_p", float, 0, 1) or 0.0,
-    )
-    seed = _integer(body, "seed", 0, MAX_SEED)
-    if seed is not None:
-        sampling.seed = seed
-    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-    if _boolean(body, "logprobs"):
-        sampling.num_top_logprobs = max(1, top or 0)
-    structured = structured_output_from_body(body)
-    if structured is not None:
-        sampling.structured_output.CopyFrom(structured)
-    return sampling
 
 
 def stops_from_body(body: dict) -> list[str]:
@@ -251,6 +185,7 @@ async def chat_request_from_body(
     request_id: str,
     policy: MediaFetchPolicy,
     timeout_seconds: float,
+    defaults: SamplingDefaults = NEUTRAL,
     tool_settings: ToolSettings = DEFAULT_TOOL_SETTINGS,
 ) -> ChatRequest:
     _require(isinstance(body, dict), "the body must be a JSON object", "body")
@@ -264,7 +199,7 @@ async def chat_request_from_body(
         processing_options = options_from_json({} if kwargs is None else kwargs)
     except ValueError as error:
         raise Rejected(f"mm_processor_kwargs {error}", param="mm_processor_kwargs") from None
-    sampling = sampling_from_body(body)
+    sampling = sampling_from_body(body, defaults)
     tools = tools_from_body(body, tool_settings)
     forced = forced_call_grammar(tools) if tools else None
     if forced is not None:

@@ -10,9 +10,9 @@ to a running gateway.
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from gateway import openai_api, structured
+from gateway import openai_api, sampling_body, structured
+from gateway.openapi_schema import Schema, int_field, nullable, number_field, sampling_schema
 from gateway.openapi_tools import (
     message_tool_fields,
     message_tool_rules,
@@ -26,31 +26,12 @@ from tessera.limits import MAX_REQUEST_ID_CHARS
 from tessera.placeholders import Modality
 from tessera.sampling import MAX_TOP_LOGPROBS
 
-Schema = dict[str, Any]
-
 OPENAPI_PATH = "/openapi.json"
 _REF = "#/components/schemas/"
 
 
 def _ref(name: str) -> Schema:
     return {"$ref": _REF + name}
-
-
-def _nullable(schema: Schema) -> Schema:
-    """OpenAI's optional fields take null for "unset", as the gateway does."""
-    return {**schema, "type": [schema["type"], "null"]}
-
-
-def _integer(low: int, high: int, description: str) -> Schema:
-    return _nullable(
-        {"type": "integer", "minimum": low, "maximum": high, "description": description}
-    )
-
-
-def _number(low: float, high: float, description: str) -> Schema:
-    return _nullable(
-        {"type": "number", "minimum": low, "maximum": high, "description": description}
-    )
 
 
 def _media_url_part(kind: str, description: str) -> Schema:
@@ -157,15 +138,18 @@ def _chat_request() -> Schema:
                 "type": "string",
                 "description": "A name from GET /v1/models; empty or absent: the first one.",
             },
-            "max_tokens": _integer(
+            "max_tokens": int_field(
                 1, max_tokens, "Most tokens to generate; absent: until the context is full."
             ),
-            "max_completion_tokens": _integer(
+            "max_completion_tokens": int_field(
                 1, max_tokens, "OpenAI's newer name for max_tokens; wins over it."
             ),
-            "temperature": _number(0, 2, "0 (the default) is greedy."),
-            "top_p": _number(0, 1, "Nucleus sampling; 0 or absent: off."),
-            "seed": _integer(0, openai_api.MAX_SEED, "Makes sampling repeatable."),
+            "temperature": number_field(
+                0, 2, "0 is greedy; absent: the checkpoint's default, else 0."
+            ),
+            "top_p": number_field(0, 1, "Nucleus sampling; 0 or absent: off."),
+            "seed": int_field(0, sampling_body.MAX_SEED, "Makes sampling repeatable."),
+            **sampling_schema(),
             "stop": {
                 "anyOf": [
                     {"type": "string"},
@@ -178,17 +162,17 @@ def _chat_request() -> Schema:
                 ],
                 "description": "Generation ends where the text first contains one (cut off).",
             },
-            "n": _integer(1, 1, "Only one choice per request."),
-            "stream": _nullable({"type": "boolean", "description": "Server-sent events."}),
-            "stream_options": _nullable(
+            "n": int_field(1, 1, "Only one choice per request."),
+            "stream": nullable({"type": "boolean", "description": "Server-sent events."}),
+            "stream_options": nullable(
                 {
                     "type": "object",
-                    "properties": {"include_usage": _nullable({"type": "boolean"})},
+                    "properties": {"include_usage": nullable({"type": "boolean"})},
                 }
             ),
-            "logprobs": _nullable({"type": "boolean"}),
-            "top_logprobs": _integer(0, MAX_TOP_LOGPROBS, "Alternatives per token."),
-            "mm_processor_kwargs": _nullable(
+            "logprobs": nullable({"type": "boolean"}),
+            "top_logprobs": int_field(0, MAX_TOP_LOGPROBS, "Alternatives per token."),
+            "mm_processor_kwargs": nullable(
                 {
                     "type": "object",
                     "description": (
@@ -202,7 +186,7 @@ def _chat_request() -> Schema:
                     },
                 }
             ),
-            "max_chunk_tokens": _integer(
+            "max_chunk_tokens": int_field(
                 0,
                 openai_api.MAX_TOKENS_LIMIT,
                 "Tessera: most prompt tokens per prefill step (0: the decoder's setting).",

@@ -14,7 +14,7 @@ import schemathesis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import access_log, http_server, openai_api, structured, tools
+from gateway import access_log, http_server, openai_api, sampling_body, structured, tools
 from gateway.openapi import DOCUMENT
 
 SCHEMAS = DOCUMENT["components"]["schemas"]
@@ -59,7 +59,7 @@ def documented(schema: dict) -> set[str]:
 
 
 def test_the_request_fields_read_are_the_fields_documented():
-    read = fields_read("body", openai_api, http_server, structured, tools)
+    read = fields_read("body", openai_api, sampling_body, http_server, structured, tools)
     assert "messages" in read and "stream" in read  # the scan sees both modules
     assert read == documented(SCHEMAS["ChatCompletionRequest"])
 
