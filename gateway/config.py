@@ -19,6 +19,7 @@ from tessera.config_common import (
 from tessera.media import options_from_json
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
+from tessera.sampling import DEFAULT_MAX_LOGPROBS, MAX_TOP_LOGPROBS
 from tessera.tls import TlsFiles, add_tls_flags
 
 # The gateway is the API for users: their certificates carry the `client` role.
@@ -48,6 +49,7 @@ class GatewayConfig:
     http_port: int
     served_model_name: str | None
     max_request_bytes: int
+    max_logprobs: int
     max_queued_requests: int
     request_timeout_seconds: float
     allowed_media_domains: tuple[str, ...]
@@ -75,6 +77,13 @@ class GatewayConfig:
             tls=TlsFiles.from_args(args),
             access=rules_from_args(args, GATEWAY_ACCESS),
         )
+
+
+def _max_logprobs(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= MAX_TOP_LOGPROBS:
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_TOP_LOGPROBS}]")
+    return number
 
 
 def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
@@ -114,6 +123,13 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         "--served-model-name",
         default=None,
         help="the model's name in the API (default: the checkpoint directory's name)",
+    )
+    parser.add_argument(
+        "--max-logprobs",
+        type=_max_logprobs,
+        default=DEFAULT_MAX_LOGPROBS,
+        help=f"most top_logprobs (chat) or logprobs (completions) a request may ask for "
+        f"(at most {MAX_TOP_LOGPROBS}, the decoder's bound)",
     )
     parser.add_argument(
         "--max-request-bytes",

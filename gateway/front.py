@@ -71,6 +71,8 @@ class ChatRequest:
     processing_options: Mapping[str, int] = field(default_factory=dict)
     # Who sent it: an id of the API key it came with ("" without keys).
     tenant: str = ""
+    # A prompt given as token ids (/v1/completions): used instead of `messages`.
+    prompt_token_ids: Sequence[int] | None = None
 
 
 @dataclass
@@ -81,6 +83,8 @@ class Outcome:
     prompt: Prompt | None = None
     finished: FinishedEvent | None = None
     token_ids: list[int] = field(default_factory=list)
+    # Per generated token, when log-probabilities were asked for.
+    logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
 
 
 class RequestMetrics:
@@ -180,6 +184,7 @@ class GatewayFront:
                 request.timeout_seconds,
                 cache_salt,
                 request.processing_options,
+                request.prompt_token_ids,
             )
             # aclosing: leaving early (a stop string) cancels the decoder call at once.
             async with aclosing(self.pipeline.run(generation)) as events:
@@ -205,6 +210,7 @@ class GatewayFront:
                     if event.tokens.token_ids:
                         last_token = now
                         outcome.token_ids += event.tokens.token_ids
+                        outcome.logprobs += event.tokens.logprobs
                     yield stops.add(event.text), event
                     if stops.stopped:
                         outcome.finish_reason = "stop"

@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.front import Rejected
+from tessera.sampling import DEFAULT_MAX_LOGPROBS
 from tessera.v1 import common_pb2
 
-# vLLM's default --max-logprobs.
-DEFAULT_MAX_LOGPROBS = 20
+__all__ = ["DEFAULT_MAX_LOGPROBS", "LogprobsRequest", "chat_logprobs", "completion_logprobs"]
 
 TokenText = Callable[[int], str]
 
@@ -69,3 +69,25 @@ def chat_logprobs(
         ]
         content.append(shaped)
     return {"content": content}
+
+
+def completion_logprobs(
+    entries: Sequence[common_pb2.TokenLogprobs], top: int, token_text: TokenText, offset: int
+) -> dict:
+    """The legacy completions shape: parallel lists, `top_logprobs` one {token: logprob}
+    per position, `text_offset` where each token starts in the choice's text (from
+    `offset`, the characters before these tokens)."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for entry in entries:
+        text = token_text(entry.token_id)
+        tokens.append(text)
+        token_logprobs.append(entry.logprob)
+        tops.append({token_text(a.token_id): a.logprob for a in entry.top[:top]})
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }

@@ -85,6 +85,7 @@ async def run(config: GatewayConfig) -> None:
                 [encoders, decoders],
                 api_keys,
                 metrics_route=not config.metrics_port,
+                max_logprobs=config.max_logprobs,
             )
             await start_http(api.app, config.host, config.http_port)
             http = f"http://{config.host}:{config.http_port}"

@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import time
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.front import ChatRequest, Outcome, Rejected
+from gateway import fields
+from gateway.choices import check_n
+from gateway.fields import check_fields
+from gateway.front import ChatRequest, Rejected
+from gateway.logprobs import LogprobsRequest, logprobs_request, num_top_logprobs
 from gateway.media_fetch import MediaFetchPolicy, MediaURLError, load_media_url
 from gateway.prompt import ChatInput, MediaPart, TextPart
 from tessera.media import options_from_json
 from tessera.placeholders import Modality
-from tessera.sampling import MAX_TOP_LOGPROBS
 from tessera.v1 import common_pb2
 
 # Bounds the gateway checks, and the OpenAPI document (gateway/openapi.py) states.
@@ -66,22 +69,16 @@ def _boolean(body: dict, name: str, param: str = "") -> bool:
     return bool(value)
 
 
-def sampling_from_body(body: dict) -> common_pb2.SamplingParams:
-    _integer(body, "n", 1, 1, "only n=1 is supported")
-    # Both are checked; max_completion_tokens (OpenAI's newer name) wins unless it is null.
-    max_tokens = _integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
-    max_completion_tokens = _integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
+def sampling_from_body(body: dict, logprobs: LogprobsRequest) -> common_pb2.SamplingParams:
     sampling = common_pb2.SamplingParams(
-        max_tokens=max_completion_tokens or max_tokens or 0,
+        max_tokens=max_tokens_from_body(body),
         temperature=_number(body, "temperature", float, 0, 2) or 0.0,
         top_p=_number(body, "top_p", float, 0, 1) or 0.0,
     )
     seed = _integer(body, "seed", 0, MAX_SEED)
     if seed is not None:
         sampling.seed = seed
-    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-    if _boolean(body, "logprobs"):
-        sampling.num_top_logprobs = max(1, top or 0)
+    sampling.num_top_logprobs = num_top_logprobs(logprobs)
     return sampling
 
 
@@ -101,17 +98,29 @@ def stops_from_body(body: dict) -> list[str]:
 
 
 def stream_settings(body: dict) -> tuple[bool, bool]:
-    """`stream` and `stream_options.include_usage`, both checked whether or not the
-    request streams (a typo in either is an error, not a silently different answer)."""
+    """`stream` and `stream_options.include_usage`. stream_options without `stream: true`
+    is refused, as vLLM does (it would otherwise be silently ignored)."""
+    stream = _boolean(body, "stream")
     options = body.get("stream_options")
+    _require(
+        options is None or stream,
+        "stream_options is only allowed with stream: true",
+        "stream_options",
+    )
     _require(
         options is None or isinstance(options, dict),
         "stream_options must be an object",
         "stream_options",
     )
     options = options or {}
+    unknown = sorted(set(options) - {"include_usage"})
+    _require(
+        not unknown,
+        f"stream_options takes include_usage, not {unknown}",
+        "stream_options",
+    )
     include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
-    return _boolean(body, "stream"), include_usage
+    return stream, include_usage
 
 
 async def messages_from_body(body: dict, policy: MediaFetchPolicy) -> list[ChatInput]:
@@ -229,14 +238,53 @@ def decode_base64(data: str) -> bytes | None:
         return None
 
 
-async def chat_request_from_body(
-    body: Any, request_id: str, policy: MediaFetchPolicy, timeout_seconds: float
-) -> ChatRequest:
-    _require(isinstance(body, dict), "the body must be a JSON object", "body")
+@dataclass(frozen=True)
+class ChatBody:
+    """A parsed chat-completions body: the request of choice 0, and how to answer."""
+
+    chat: ChatRequest
+    n: int
+    logprobs: LogprobsRequest
+    stream: bool
+    include_usage: bool
+
+
+def request_basics(body: dict) -> tuple[str, str]:
+    """(model, cache_salt), the fields every generating endpoint reads alike."""
     model = body.get("model", "")
     _require(isinstance(model, str), "model must be a string", "model")
     salt = body.get("cache_salt", "")
     _require(isinstance(salt, str), "cache_salt must be a string", "cache_salt")
+    return model, salt
+
+
+def max_tokens_from_body(body: dict) -> int:
+    """max_completion_tokens (OpenAI's newer name) wins over max_tokens unless it is null;
+    0: until the context is full."""
+    max_tokens = _integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    max_completion_tokens = _integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
+    return max_completion_tokens or max_tokens or 0
+
+
+async def chat_body(
+    body: Any, request_id: str, policy: MediaFetchPolicy, timeout_seconds: float, max_logprobs: int
+) -> ChatBody:
+    check_fields(body, fields.CHAT)
+    logprobs = logprobs_request(body.get("logprobs"), body.get("top_logprobs"), max_logprobs)
+    chat = await chat_request_from_body(body, request_id, policy, timeout_seconds, logprobs)
+    stream, include_usage = stream_settings(body)
+    n = check_n(body.get("n"), chat.sampling.max_tokens)
+    return ChatBody(chat, n, logprobs, stream, include_usage)
+
+
+async def chat_request_from_body(
+    body: dict,
+    request_id: str,
+    policy: MediaFetchPolicy,
+    timeout_seconds: float,
+    logprobs: LogprobsRequest,
+) -> ChatRequest:
+    model, salt = request_basics(body)
     kwargs = body.get("mm_processor_kwargs")
     try:
         # Only null is "none": false, 0 or "" are not an object of settings.
@@ -247,61 +295,10 @@ async def chat_request_from_body(
         request_id=request_id,
         model=model,
         messages=await messages_from_body(body, policy),
-        sampling=sampling_from_body(body),
+        sampling=sampling_from_body(body, logprobs),
         stop=stops_from_body(body),
         max_chunk_tokens=_integer(body, "max_chunk_tokens", 0, MAX_TOKENS_LIMIT) or 0,
         cache_salt=salt,
         timeout_seconds=timeout_seconds,
         processing_options=processing_options,
     )
-
-
-def usage(outcome: Outcome) -> dict:
-    prompt_tokens = len(outcome.prompt.token_ids) if outcome.prompt else 0
-    cached = outcome.finished.decoder.usage.cached_prompt_tokens if outcome.finished else 0
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(outcome.token_ids),
-        "total_tokens": prompt_tokens + len(outcome.token_ids),
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def completion(request_id: str, model: str, text: str, outcome: Outcome) -> dict:
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": outcome.finish_reason,
-                "logprobs": None,
-            }
-        ],
-        "usage": usage(outcome),
-        "tessera": {"token_ids": outcome.token_ids},
-    }
-
-
-def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None) -> dict:
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-    }
-
-
-def usage_chunk(request_id: str, model: str, outcome: Outcome) -> dict:
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-        "usage": usage(outcome),
-    }

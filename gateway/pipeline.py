@@ -42,6 +42,7 @@ class GenerationRequest:
     timeout_seconds: float | None
     cache_salt: str = ""
     processing_options: Mapping[str, int] = field(default_factory=dict)
+    prompt_token_ids: Sequence[int] | None = None  # instead of messages when set
 
 
 @dataclass(frozen=True)
@@ -119,9 +120,15 @@ class GenerationPipeline:
     ) -> AsyncIterator[Prompt | TextEvent | FinishedEvent]:
         """The prompt as built, then text as it comes, then the end."""
         started = time.monotonic()
-        prompt = await asyncio.to_thread(
-            self.builder.build, request.messages, request.processing_options, request.cache_salt
-        )
+        if request.prompt_token_ids is not None:
+            prompt = self.builder.from_token_ids(request.prompt_token_ids)
+        else:
+            prompt = await asyncio.to_thread(
+                self.builder.build,
+                request.messages,
+                request.processing_options,
+                request.cache_salt,
+            )
         yield prompt
         encode_task = asyncio.create_task(self._encode_all(request, prompt.items))
         detokenizer = IncrementalDetokenizer(self.builder.family.decode_tokens)

@@ -15,6 +15,8 @@ from tessera.v1 import common_pb2
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS).
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_TOP_LOGPROBS = 20
+# The gateway's --max-logprobs default (vLLM's): at most MAX_TOP_LOGPROBS.
+DEFAULT_MAX_LOGPROBS = 20
 
 
 def check_sampling(params: common_pb2.SamplingParams) -> None:
