@@ -98,15 +98,10 @@ def stops_from_body(body: dict) -> list[str]:
 
 
 def stream_settings(body: dict) -> tuple[bool, bool]:
-    """`stream` and `stream_options.include_usage`. stream_options without `stream: true`
-    is refused, as vLLM does (it would otherwise be silently ignored)."""
+    """`stream` and `stream_options.include_usage`. stream_options is checked, then
+    refused without `stream: true`, as vLLM does (else it would be silently ignored)."""
     stream = _boolean(body, "stream")
     options = body.get("stream_options")
-    _require(
-        options is None or stream,
-        "stream_options is only allowed with stream: true",
-        "stream_options",
-    )
     _require(
         options is None or isinstance(options, dict),
         "stream_options must be an object",
@@ -114,12 +109,13 @@ def stream_settings(body: dict) -> tuple[bool, bool]:
     )
     options = options or {}
     unknown = sorted(set(options) - {"include_usage"})
+    _require(not unknown, f"stream_options takes include_usage, not {unknown}", "stream_options")
+    include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
     _require(
-        not unknown,
-        f"stream_options takes include_usage, not {unknown}",
+        body.get("stream_options") is None or stream,
+        "stream_options is only allowed with stream: true",
         "stream_options",
     )
-    include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
     return stream, include_usage
 
 
