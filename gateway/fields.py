@@ -149,7 +149,7 @@ class EndpointFields:
 
 CHAT = EndpointFields(CHAT_ACCEPTED, CHAT_NO_OPS, CHAT_REFUSED)
 COMPLETIONS = EndpointFields(COMPLETIONS_ACCEPTED, COMPLETIONS_NO_OPS, COMPLETIONS_REFUSED)
-TOKENIZE = EndpointFields(frozenset({"model", "prompt", "messages", "add_special_tokens"}), {}, {})
+TOKENIZE = EndpointFields(frozenset({"model", "prompt", "messages"}), {}, {})
 DETOKENIZE = EndpointFields(frozenset({"model", "tokens"}), {}, {})
 
 

@@ -20,8 +20,10 @@ from gateway.openapi.chat import (
     _error_response,
     _message,
     _usage,
+    logprob_schemas,
 )
 from gateway.openapi.common import Schema
+from gateway.openapi.completions import token_schemas
 from gateway.openapi.paths import OPENAPI_PATH, _paths
 from tessera import __version__
 
@@ -50,6 +52,8 @@ def build_document() -> Schema:
                 "Usage": _usage(),
                 "Error": _error(),
                 "ErrorResponse": _error_response(),
+                **logprob_schemas(),
+                **token_schemas(),
             },
             "securitySchemes": {
                 "apiKey": {

@@ -3,8 +3,61 @@
 from __future__ import annotations
 
 from gateway import openai_api
+from gateway.choices import MAX_CHOICES, MAX_TOTAL_TOKENS
 from gateway.openapi.common import Schema, _integer, _nullable, _number, _ref
 from tessera.sampling import MAX_TOP_LOGPROBS
+
+_INDEX = {"type": "integer", "minimum": 0, "maximum": MAX_CHOICES - 1}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+
+
+def _nullable_ref(name: str) -> Schema:
+    return {"anyOf": [_ref(name), {"type": "null"}]}
+
+
+def _no_op_fields() -> Schema:
+    """gateway/fields.py's CHAT_NO_OPS: accepted and ignored, only harmless values."""
+    return {
+        "user": _nullable({"type": "string", "description": "Ignored (OpenAI's abuse id)."}),
+        "metadata": _nullable(
+            {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "Ignored.",
+            }
+        ),
+        "store": {"enum": [False, None], "description": "Completions are not stored here."},
+        "service_tier": {"enum": ["auto", "default", None], "description": "One tier here."},
+    }
+
+
+def logprob_schemas() -> dict[str, Schema]:
+    entry = {
+        "type": "object",
+        "required": ["token", "logprob", "bytes"],
+        "properties": {
+            "token": {"type": "string"},
+            "logprob": {"type": "number"},
+            "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}},
+        },
+    }
+    with_top = {
+        **entry,
+        "required": [*entry["required"], "top_logprobs"],
+        "properties": {
+            **entry["properties"],
+            "top_logprobs": {"type": "array", "maxItems": MAX_TOP_LOGPROBS, "items": entry},
+        },
+    }
+    return {
+        "ChatLogprobs": {
+            "type": "object",
+            "description": "Per generated token: its log-probability and the most likely "
+            "alternatives, most likely first.",
+            "required": ["content"],
+            "properties": {"content": {"type": "array", "items": with_top}},
+        }
+    }
 
 
 def _media_url_part(kind: str, description: str) -> Schema:
@@ -98,8 +151,8 @@ def _chat_request() -> Schema:
     return {
         "type": "object",
         "description": (
-            "OpenAI's chat-completion request, as far as the gateway implements it. Other "
-            "fields are accepted and ignored, as OpenAI-compatible servers do."
+            "OpenAI's chat-completion request, as far as the gateway implements it. Any "
+            "other field is refused (400 naming it)."
         ),
         "required": ["messages"],
         "properties": {
@@ -129,7 +182,12 @@ def _chat_request() -> Schema:
                 ],
                 "description": "Generation ends where the text first contains one (cut off).",
             },
-            "n": _integer(1, 1, "Only one choice per request."),
+            "n": _integer(
+                1,
+                MAX_CHOICES,
+                f"Choices; n * max_tokens at most {MAX_TOTAL_TOKENS}. Choice i samples with "
+                "seed + i.",
+            ),
             "stream": _nullable({"type": "boolean", "description": "Server-sent events."}),
             "stream_options": _nullable(
                 {
@@ -138,7 +196,12 @@ def _chat_request() -> Schema:
                 }
             ),
             "logprobs": _nullable({"type": "boolean"}),
-            "top_logprobs": _integer(0, MAX_TOP_LOGPROBS, "Alternatives per token."),
+            "top_logprobs": _integer(
+                0,
+                MAX_TOP_LOGPROBS,
+                "Alternatives per token, with logprobs: true; at most --max-logprobs.",
+            ),
+            **_no_op_fields(),
             "mm_processor_kwargs": _nullable(
                 {
                     "type": "object",
@@ -163,7 +226,7 @@ def _chat_request() -> Schema:
                 "description": "Tessera: prefix-cache entries are shared only with the same salt.",
             },
         },
-        "additionalProperties": True,
+        "additionalProperties": False,
     }
 
 
@@ -199,12 +262,12 @@ def _completion() -> Schema:
             "choices": {
                 "type": "array",
                 "minItems": 1,
-                "maxItems": 1,
+                "maxItems": MAX_CHOICES,
                 "items": {
                     "type": "object",
                     "required": ["index", "message", "finish_reason"],
                     "properties": {
-                        "index": {"const": 0},
+                        "index": _INDEX,
                         "message": {
                             "type": "object",
                             "required": ["role", "content"],
@@ -214,15 +277,28 @@ def _completion() -> Schema:
                             },
                         },
                         "finish_reason": _FINISH_REASON,
-                        "logprobs": {"type": "null"},
+                        "logprobs": _nullable_ref("ChatLogprobs"),
                     },
                 },
             },
             "usage": _ref("Usage"),
             "tessera": {
                 "type": "object",
-                "description": "The generated token ids.",
-                "properties": {"token_ids": {"type": "array", "items": {"type": "integer"}}},
+                "description": "The generated token ids (choice 0's), and per choice its ids "
+                "and cached prompt tokens.",
+                "properties": {
+                    "token_ids": _TOKEN_IDS,
+                    "choices": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "token_ids": _TOKEN_IDS,
+                                "cached_tokens": {"type": "integer", "minimum": 0},
+                            },
+                        },
+                    },
+                },
             },
         },
     }
@@ -245,7 +321,8 @@ def _chunk() -> Schema:
                     "type": "object",
                     "required": ["index", "delta", "finish_reason"],
                     "properties": {
-                        "index": {"const": 0},
+                        "index": _INDEX,
+                        "logprobs": _nullable_ref("ChatLogprobs"),
                         "delta": {
                             "type": "object",
                             "properties": {

@@ -9,10 +9,10 @@ from tessera.placeholders import Modality
 OPENAPI_PATH = "/openapi.json"
 
 
-def _stream_event() -> Schema:
+def _stream_event(chunk: str) -> Schema:
     """One server-sent event: `data:` is a chunk, an error (after the first token an error
     can only be an event) or the closing `[DONE]`."""
-    payload = {"anyOf": [_ref("ChatCompletionChunk"), _ref("ErrorResponse")]}
+    payload = {"anyOf": [_ref(chunk), _ref("ErrorResponse")]}
     return {
         "type": "object",
         "required": ["data"],
@@ -67,6 +67,7 @@ def _error_responses() -> dict[str, Schema]:
         ),
         "404": _json(error, "A backend answered NOT_FOUND.", request_id),
         "413": _json(error, "The body is larger than --max-request-bytes.", request_id),
+        "415": _json(error, "The Content-Type is not application/json.", request_id),
         "429": _json(
             error,
             "More than --max-queued-requests wait for their first token.",
@@ -79,9 +80,19 @@ def _error_responses() -> dict[str, Schema]:
 
 
 def _chat_operation() -> Schema:
+    return _generation_operation(
+        "Chat completion (OpenAI-compatible), with images and audio",
+        "createChatCompletion",
+        "ChatCompletion",
+        {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0},
+    )
+
+
+def _generation_operation(summary: str, operation_id: str, name: str, example: dict) -> Schema:
+    """POST of `{name}Request`, answered with `name` or a stream of `{name}Chunk`."""
     return {
-        "summary": "Chat completion (OpenAI-compatible), with images and audio",
-        "operationId": "createChatCompletion",
+        "summary": summary,
+        "operationId": operation_id,
         "parameters": [
             {
                 "name": "X-Request-Id",
@@ -98,12 +109,8 @@ def _chat_operation() -> Schema:
             "required": True,
             "content": {
                 "application/json": {
-                    "schema": _ref("ChatCompletionRequest"),
-                    "example": {
-                        "messages": [{"role": "user", "content": "Hello"}],
-                        "max_tokens": 4,
-                        "temperature": 0,
-                    },
+                    "schema": _ref(name + "Request"),
+                    "example": example,
                 }
             },
         },
@@ -113,8 +120,8 @@ def _chat_operation() -> Schema:
                 "`data: [DONE]`.",
                 "headers": {"X-Request-Id": _REQUEST_ID_HEADER},
                 "content": {
-                    "application/json": {"schema": _ref("ChatCompletion")},
-                    "text/event-stream": {"schema": _stream_event()},
+                    "application/json": {"schema": _ref(name)},
+                    "text/event-stream": {"schema": _stream_event(name + "Chunk")},
                 },
             },
             **_error_responses(),
@@ -173,6 +180,26 @@ def _plain_get(operation_id: str, summary: str, responses: dict[str, Schema]) ->
     return {"get": {**operation, "security": []}}
 
 
+_STRING = {"type": "string"}
+
+
+def _tokens_operation(operation_id: str, name: str) -> Schema:
+    error = _ref("ErrorResponse")
+    body = {"application/json": {"schema": _ref(name + "Request")}}
+    return {
+        "summary": f"vLLM's /{operation_id}",
+        "operationId": operation_id,
+        "requestBody": {"required": True, "content": body},
+        "responses": {
+            "200": _json(_ref(name + "Response"), "The result."),
+            "400": _json(error, "Bad input; the message says what to fix."),
+            "401": _json(error, "An API key is configured and missing."),
+            "413": _json(error, "The body is larger than --max-request-bytes."),
+            "415": _json(error, "The Content-Type is not application/json."),
+        },
+    }
+
+
 def _paths() -> dict[str, Schema]:
     health = {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}
     metrics = {
@@ -180,8 +207,20 @@ def _paths() -> dict[str, Schema]:
         "content": {"text/plain": {"schema": {"type": "string"}}},
     }
     document = _json({"type": "object"}, "This document.")
+    version = {"type": "object", "required": ["version"], "properties": {"version": _STRING}}
     return {
         "/v1/chat/completions": {"post": _chat_operation()},
+        "/v1/completions": {
+            "post": _generation_operation(
+                "Text completion (OpenAI's legacy API): a string or token-id prompt",
+                "createCompletion",
+                "Completion",
+                {"prompt": "Hello", "max_tokens": 4, "temperature": 0},
+            )
+        },
+        "/tokenize": {"post": _tokens_operation("tokenize", "Tokenize")},
+        "/detokenize": {"post": _tokens_operation("detokenize", "Detokenize")},
+        "/version": _plain_get("version", "The Tessera version", {"200": _json(version, "It.")}),
         "/v1/models": {"get": _models_operation()},
         "/health": _plain_get(
             "health", "The gateway's process is up", {"200": _json(health, "Up.")}
