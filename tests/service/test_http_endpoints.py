@@ -253,3 +253,19 @@ def test_errors_are_json_for_404_405_and_415(http):
         assert response.status_code == status
         assert response.headers["content-type"].startswith("application/json")
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_followers_share_the_leaders_prompt_blocks(client):
+    """The other choices start once the first has its first token, so its prompt's full
+    blocks are cached and they prefill only the rest."""
+    long_prompt = "Share these prompt blocks across every choice, please. " * 6
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": long_prompt}],
+        max_tokens=2,
+        n=3,
+        extra_body={"cache_salt": "followers-share-blocks"},  # nothing cached before
+    )
+    cached = [c["cached_tokens"] for c in response.model_extra["tessera"]["choices"]]
+    assert response.usage.prompt_tokens > 32
+    assert cached[0] == 0 and all(c >= 16 for c in cached[1:]), cached
