@@ -1,12 +1,14 @@
 """The gateway's OpenAI-compatible HTTP API (Starlette on uvicorn), in the gRPC server's
 event loop.
 
-    POST /v1/chat/completions   GET /v1/models   GET /health   GET /ready   GET /metrics
-    GET /openapi.json (the OpenAPI 3.1 document of all of these, gateway/openapi.py)
+    POST /v1/chat/completions   POST /v1/completions   POST /tokenize   POST /detokenize
+    GET /v1/models   GET /version   GET /health   GET /ready   GET /metrics
+    GET /openapi.json (the OpenAPI 3.1 document of all of these, gateway/openapi/)
 
-Errors are `{"error": {"message", "type", "param", "code"}}` with 400 for bad input, 413
-for a body over --max-request-bytes, 429 (with Retry-After) when too many requests are
-queued, 503/504 when backends fail or time out.
+Errors are `{"error": {"message", "type", "param", "code"}}` (404 and 405 too) with 400
+for bad input, 415 for a body that is not JSON, 413 for a body over --max-request-bytes,
+429 (with Retry-After) when too many requests are queued, 503/504 when backends fail or
+time out. Generation itself (choices, streaming) is gateway/http_generation.py.
 """
 
 from __future__ import annotations

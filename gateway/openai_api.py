@@ -20,7 +20,7 @@ from tessera.media import options_from_json
 from tessera.placeholders import Modality
 from tessera.v1 import common_pb2
 
-# Bounds the gateway checks, and the OpenAPI document (gateway/openapi.py) states.
+# Bounds the gateway checks, and the OpenAPI document (gateway/openapi/) states.
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4
