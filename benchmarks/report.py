@@ -1,4 +1,4 @@
-"""Markdown tables of the arms side by side, and DESIGN.md's targets held against them."""
+"""Markdown tables of the arms side by side, and the targets of docs/design.md held against them."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def targets(
     num_checked: tuple[int, int],
     num_near_ties: int,
 ) -> tuple[str, list[dict[str, object]]]:
-    """Each target of DESIGN.md with the measured figure and whether it is met."""
+    """Each target of docs/design.md with the measured figure and whether it is met."""
     tessera = [c.arms[TESSERA] for c in cells if TESSERA in c.arms]
     passes = ratio(
         sum(a.encoder_passes or 0 for a in tessera), sum(a.num_unique_items for a in tessera)

@@ -290,7 +290,7 @@ class Bench:
             sum(a.num_near_ties for c in cells for a in c.arms.values()),
         )
         self.results["targets"] = records
-        self.md[:0] = ["## Targets (DESIGN.md)\n", table, ""]
+        self.md[:0] = ["## Targets (docs/design.md)\n", table, ""]
 
 
 def takes_audio(reference: Reference) -> bool:

@@ -11,6 +11,7 @@ from tessera.config_common import (
     add_common_flags,
     add_model_flags,
     add_replica_flags,
+    add_served_model_name_flag,
     config_from_args,
 )
 from tessera.metrics import add_metrics_flag
@@ -50,7 +51,9 @@ class DecoderConfig:
     fetch_mode: str
     drain_seconds: float
     model_fingerprint: str | None
+    served_model_name: str | None  # the model_name label of its metrics
     log_level: str
+    log_format: str
     metrics_port: int
     tls: TlsFiles  # served with, and presented to the encoders
     access: AccessRules
@@ -81,6 +84,7 @@ class DecoderConfig:
 
 def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
+    add_served_model_name_flag(parser)
     add_metrics_flag(parser)
     add_common_flags(parser, default_port=50053)
     add_tls_flags(parser)

@@ -19,6 +19,7 @@ import torch
 
 from decoder_service.block_hash import block_hashes
 from decoder_service.embedding_client import EmbeddingClient
+from decoder_service.grammar import GrammarCompiler
 from decoder_service.model_runner import ModelRunner, WorkInput
 from decoder_service.prefetch import Prefetcher
 from decoder_service.request import (
@@ -74,6 +75,7 @@ class Engine:
         self.embeddings = embeddings
         self.max_model_len = max_model_len
         self.counters = EngineCounters()
+        self.grammars = GrammarCompiler.for_family(family)
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         self._wakeup = asyncio.Event()
         self._requests: dict[str, RequestState] = {}
@@ -98,6 +100,10 @@ class Engine:
         else:
             generator.seed()
         request = RequestState(spec, asyncio.Queue(), generator)
+        if spec.sampling.structured is not None:  # a bad grammar: ValueError, as bad input
+            request.grammar = await asyncio.to_thread(
+                self.grammars.matcher, spec.sampling.structured
+            )
         self._requests[spec.request_id] = request
         self.scheduler.add(request)
         self._wakeup.set()
@@ -212,7 +218,11 @@ class Engine:
         self._cache_blocks(request)
         if logits is None:
             return
-        token = sample(logits, request.spec.sampling, request.generator)
+        grammar = request.grammar
+        allowed = grammar.allowed_tokens(logits.shape[-1]) if grammar else None
+        token = sample(logits, request.spec.sampling, request.generator, allowed)
+        if grammar:
+            grammar.advance(token.token_id)
         request.output_token_ids.append(token.token_id)
         if request.stats.time_to_first_token_seconds is None:
             request.stats.time_to_first_token_seconds = time.monotonic() - request.arrival_time
@@ -260,6 +270,8 @@ class Engine:
         if token.token_id in options.stop_token_ids or (
             not options.ignore_eos and token.token_id in self.family.eos_token_ids
         ):
+            return FinishReason.STOP
+        if request.grammar is not None and request.grammar.is_terminated:
             return FinishReason.STOP
         total = request.num_prompt_tokens + len(request.output_token_ids)
         if len(request.output_token_ids) >= options.max_tokens or total >= self.max_model_len:

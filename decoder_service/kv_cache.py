@@ -28,6 +28,8 @@ class KVCacheStats:
     num_cached_blocks: int
     num_prefix_queries: int
     num_prefix_hit_blocks: int
+    # In tokens, as vLLM's prefix_cache_queries: every prompt token looked up.
+    num_prefix_query_tokens: int
 
 
 class KVCacheManager:
@@ -45,6 +47,7 @@ class KVCacheManager:
         self._tables: dict[str, list[int]] = {}
         self._num_prefix_queries = 0
         self._num_prefix_hit_blocks = 0
+        self._num_prefix_query_tokens = 0
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -69,6 +72,7 @@ class KVCacheManager:
             num_cached_blocks=len(self._cached),
             num_prefix_queries=self._num_prefix_queries,
             num_prefix_hit_blocks=self._num_prefix_hit_blocks,
+            num_prefix_query_tokens=self._num_prefix_query_tokens,
         )
 
     # -- prefix caching ------------------------------------------------------------------
@@ -77,15 +81,24 @@ class KVCacheManager:
         """The longest run of leading blocks already cached, at most `max_blocks`."""
         if not self.enable_prefix_caching:
             return []
-        self._num_prefix_queries += 1
         hits = []
         for block_hash in block_hashes[:max_blocks]:
             block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
             hits.append(block_id)
-        self._num_prefix_hit_blocks += len(hits)
         return hits
+
+    def record_lookup(self, num_tokens: int, num_hit_blocks: int) -> None:
+        """Counts one admission's lookup: its prompt's `num_tokens` queried (in tokens, as
+        vLLM's prefix_cache_queries) and the blocks it resumed from. Counted once the
+        request is admitted, not per attempt, so a request that waits is not counted
+        again each step."""
+        if not self.enable_prefix_caching:
+            return
+        self._num_prefix_queries += 1
+        self._num_prefix_query_tokens += num_tokens
+        self._num_prefix_hit_blocks += num_hit_blocks
 
     def cache_full_blocks(
         self, request_id: str, block_hashes: Sequence[bytes], num_full_blocks: int

@@ -20,9 +20,11 @@ from decoder_service.scheduler import Scheduler
 from decoder_service.servicer import DecoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.channels import ChannelPool
+from tessera.config_common import served_model_name
+from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.replicas import ReplicaSet
-from tessera.server import configure_logging, serve, service_spec
+from tessera.server import serve, service_spec
 from tessera.v1 import decoder_pb2_grpc
 
 log = logging.getLogger("tessera.decoder")
@@ -135,9 +137,9 @@ async def run(config: DecoderConfig) -> None:
         engine = build_engine(config, family, encoders)
         engine.start()
         servicer.engine = engine
-        serve_metrics(
-            config.metrics_port, config.host, new_registry(lambda: metric_readings(engine))
-        )
+        labels = {"model_name": served_model_name(config.model, config.served_model_name)}
+        registry = new_registry(lambda: metric_readings(engine), labels)
+        serve_metrics(config.metrics_port, config.host, registry)
         kv = engine.scheduler.kv
         return (
             f"family={family.name} device={config.device} dtype={config.dtype} "
@@ -167,5 +169,5 @@ async def run(config: DecoderConfig) -> None:
 
 def main(args: argparse.Namespace) -> None:
     config = DecoderConfig.from_args(args)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     asyncio.run(run(config))

@@ -9,6 +9,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
+from decoder_service.grammar import GrammarMatcher, GrammarSpec
 from tessera.media import ProcessingOptions
 from tessera.placeholders import PlaceholderRange, atomic_chunk_end
 
@@ -35,6 +36,8 @@ class SamplingOptions:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     num_top_logprobs: int = 0
+    # The grammar the output must follow (structured outputs); None: unconstrained.
+    structured: GrammarSpec | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -134,6 +137,8 @@ class RequestState:
     blocked_since: float | None = None
     leases_released: bool = False
     finished: bool = False
+    # The request's place in its grammar (set by the engine when it has one).
+    grammar: GrammarMatcher | None = None
 
     @property
     def request_id(self) -> str:

@@ -8,21 +8,28 @@ from decoder_service.request import SampledToken, SamplingOptions, TopLogprob
 
 
 def sample(
-    logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator
+    logits: torch.Tensor,
+    options: SamplingOptions,
+    generator: torch.Generator,
+    allowed: torch.Tensor | None = None,
 ) -> SampledToken:
     """Greedy when temperature is 0; else temperature, then top-k, then top-p, then a draw
-    from the request's own generator (so a seed reproduces the output).
+    from the request's own generator (so a seed reproduces the output). `allowed` (a bool
+    mask, e.g. a grammar's) drops every other token before anything else.
 
-    Log-probabilities are reported under the model's own distribution (before temperature
-    and filtering), as OpenAI's API reports them.
+    Log-probabilities are reported under the model's own distribution (before the mask,
+    temperature and filtering), as OpenAI's API reports them.
     """
     logits = logits.float()
+    model_logits = logits
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if options.is_greedy:
         token_id = int(torch.argmax(logits))
     else:
         probs = torch.softmax(_filtered(logits / options.temperature, options), dim=-1)
         token_id = int(torch.multinomial(probs, 1, generator=generator))
-    logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = torch.log_softmax(model_logits, dim=-1)
     top: tuple[TopLogprob, ...] = ()
     if options.num_top_logprobs:
         values, ids = torch.topk(logprobs, options.num_top_logprobs)

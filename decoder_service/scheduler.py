@@ -124,6 +124,7 @@ class Scheduler:
             if self.kv.blocks_for(first_chunk_end) - len(hits) > free_after_hits:
                 return  # oldest first: nobody overtakes the head of the queue
             self.waiting.popleft()
+            self.kv.record_lookup(request.num_tokens, len(hits))
             self.kv.start(request.request_id, hits)
             request.num_computed_tokens = len(hits) * self.kv.block_size
             if not request.admitted:

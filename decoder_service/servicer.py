@@ -134,11 +134,13 @@ def finished_to_proto(event: Finished) -> decoder_pb2.DecodeFinished:
     )
 
 
+# Named as vLLM's (vllm:<suffix> -> tessera_decoder_<suffix>) where the concept is the same;
+# docs/metrics.md maps each one.
 DECODER_METRICS: tuple[StatField, ...] = (
-    ("tessera_decoder_running_requests", "Requests running", "gauge", "num_running"),
-    ("tessera_decoder_waiting_requests", "Requests queued for admission", "gauge", "num_waiting"),
+    ("tessera_decoder_num_requests_running", "Requests running", "gauge", "num_running"),
+    ("tessera_decoder_num_requests_waiting", "Requests waiting", "gauge", "num_waiting"),
     ("tessera_decoder_kv_blocks_free", "KV blocks not referenced", "gauge", "num_free_kv_blocks"),
-    ("tessera_decoder_preemptions_total", "Requests preempted", "counter", "num_preemptions"),
+    ("tessera_decoder_num_preemptions_total", "Requests preempted", "counter", "num_preemptions"),
     ("tessera_decoder_steps_total", "Engine steps", "counter", "num_steps"),
     (
         "tessera_decoder_batched_tokens_total",
@@ -170,14 +172,20 @@ def metric_readings(engine: Engine):
     yield from readings_from(stats, DECODER_METRICS)
     used = stats.num_kv_blocks - stats.num_free_kv_blocks
     yield (
-        "tessera_decoder_kv_cache_usage",
-        "Fraction of KV blocks referenced by requests",
+        "tessera_decoder_kv_cache_usage_perc",
+        "Fraction of KV blocks referenced by requests (0-1, as vLLM's)",
         "gauge",
         used / stats.num_kv_blocks,
     )
     yield (
-        "tessera_decoder_prefix_cache_hit_tokens_total",
-        "Prompt tokens served from the prefix cache",
+        "tessera_decoder_prefix_cache_queries_total",
+        "Prompt tokens looked up in the prefix cache",
+        "counter",
+        engine.scheduler.kv.stats().num_prefix_query_tokens,
+    )
+    yield (
+        "tessera_decoder_prefix_cache_hits_total",
+        "Prompt tokens found in the prefix cache",
         "counter",
         stats.num_prefix_hit_blocks * stats.kv_block_size,
     )

@@ -3,6 +3,7 @@ ValueError whose message says what to fix."""
 
 from __future__ import annotations
 
+from decoder_service.grammar import grammar_spec_from_proto
 from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
 from tessera.adapters import ModelFamily
@@ -34,6 +35,7 @@ def sampling_from_proto(
         stop_token_ids=frozenset(message.stop_token_ids),
         ignore_eos=message.ignore_eos,
         num_top_logprobs=message.num_top_logprobs,
+        structured=grammar_spec_from_proto(message.structured_output),
     )
 
 

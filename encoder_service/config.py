@@ -74,6 +74,7 @@ class EncoderConfig:
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
+    log_format: str
     metrics_port: int
     tls: TlsFiles
     access: AccessRules

@@ -15,8 +15,9 @@ from encoder_service.redis_connection import redis_settings
 from encoder_service.redis_format import RowShape
 from encoder_service.servicer import CallLimits, EncoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
+from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
-from tessera.server import configure_logging, serve, service_spec
+from tessera.server import serve, service_spec
 from tessera.tensor_codec import dtype_name
 from tessera.v1 import encoder_pb2_grpc
 
@@ -102,5 +103,5 @@ def row_shape(family: ModelFamily) -> RowShape:
 
 def main(args: argparse.Namespace) -> None:
     config = EncoderConfig.from_args(args)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     asyncio.run(run(config))

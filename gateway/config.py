@@ -14,6 +14,7 @@ from tessera.config_common import (
     add_common_flags,
     add_model_flags,
     add_replica_flags,
+    add_served_model_name_flag,
     config_from_args,
 )
 from tessera.media import options_from_json
@@ -59,6 +60,8 @@ class GatewayConfig:
     drain_seconds: float
     model_fingerprint: str | None
     log_level: str
+    log_format: str
+    log_stats_interval: float  # seconds between stats lines (0: none)
     metrics_port: int
     api_keys: ApiKeys  # from --api-key and the environment
     api_key_file: Path | None  # read at start
@@ -69,6 +72,8 @@ class GatewayConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
+        if args.log_stats_interval < 0:
+            raise SystemExit("--log-stats-interval must be >= 0 (0: off)")
         return config_from_args(
             cls,
             args,
@@ -119,10 +124,13 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"
     )
+    add_served_model_name_flag(parser)
     parser.add_argument(
-        "--served-model-name",
-        default=None,
-        help="the model's name in the API (default: the checkpoint directory's name)",
+        "--log-stats-interval",
+        type=float,
+        default=10.0,
+        help="log a stats line (throughput, running/waiting, KV and cache hit rates) every "
+        "this many seconds when anything happened (0: off)",
     )
     parser.add_argument(
         "--max-logprobs",

@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.front import Rejected
+from gateway.structured import UNSUPPORTED_FIELDS
 
-# Chat fields parsed in gateway/openai_api.py and gateway/logprobs.py.
+# Chat fields parsed in gateway/openai_api.py, gateway/logprobs.py, gateway/structured.py.
 CHAT_IMPLEMENTED = frozenset(
     {
         "model",
@@ -34,6 +35,10 @@ CHAT_IMPLEMENTED = frozenset(
         "mm_processor_kwargs",
         "max_chunk_tokens",
         "cache_salt",
+        # gateway/structured.py
+        "response_format",
+        "guided_json",
+        "guided_regex",
     }
 )
 # Parsed on the branches that implement them (issue 14: sampler, structured, tools);
@@ -49,7 +54,6 @@ CHAT_FROM_OTHER_BRANCHES = frozenset(
         "stop_token_ids",
         "min_tokens",
         "ignore_eos",
-        "response_format",
         "tools",
         "tool_choice",
         "parallel_tool_calls",
@@ -105,6 +109,11 @@ CHAT_REFUSED: Mapping[str, str] = {
     "verbosity": "verbosity is not supported",
     "prompt_cache_key": "prompt_cache_key is not supported; use cache_salt",
     "safety_identifier": "safety_identifier is not supported",
+    # vLLM's other ways to ask for a grammar.
+    **{
+        name: f"{name} is not supported; use response_format (json_object or json_schema)"
+        for name in UNSUPPORTED_FIELDS
+    },
 }
 CHAT_ACCEPTED = CHAT_IMPLEMENTED | CHAT_FROM_OTHER_BRANCHES | frozenset(CHAT_NO_OPS)
 
@@ -133,10 +142,7 @@ COMPLETIONS_REFUSED: Mapping[str, str] = {
 COMPLETIONS_ACCEPTED = (
     COMPLETIONS_IMPLEMENTED
     | frozenset(COMPLETIONS_NO_OPS)
-    | (
-        CHAT_FROM_OTHER_BRANCHES
-        - {"response_format", "tools", "tool_choice", "parallel_tool_calls"}
-    )
+    | (CHAT_FROM_OTHER_BRANCHES - {"tools", "tool_choice", "parallel_tool_calls"})
 )
 
 

@@ -1,5 +1,5 @@
 """What both front doors (gRPC and HTTP) share: admission (backpressure), the served
-model's name, stop strings, and the request metrics."""
+model's name, stop strings, the request metrics and the access log."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
+from gateway.access_log import AccessRecord, log_access, status_text
+from gateway.metrics import FinishedRequest, GatewayMetrics
 from gateway.pipeline import (
     DownstreamError,
     FinishedEvent,
@@ -73,6 +75,7 @@ class ChatRequest:
     tenant: str = ""
     # A prompt given as token ids (/v1/completions): used instead of `messages`.
     prompt_token_ids: Sequence[int] | None = None
+    protocol: str = "grpc"  # or "http": which front door, for the access log
 
 
 @dataclass
@@ -87,41 +90,6 @@ class Outcome:
     logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
 
 
-class RequestMetrics:
-    def __init__(self, registry: CollectorRegistry):
-        self.requests = Counter(
-            "tessera_gateway_requests", "Requests by outcome", ["outcome"], registry=registry
-        )
-        self.ttft = Histogram(
-            "tessera_gateway_time_to_first_token_seconds", "Time to first token", registry=registry
-        )
-        self.itl = Histogram(
-            "tessera_gateway_inter_token_latency_seconds",
-            "Time between tokens",
-            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
-            registry=registry,
-        )
-        self.e2e = Histogram(
-            "tessera_gateway_request_seconds", "End-to-end request latency", registry=registry
-        )
-        self.queued = Gauge(
-            "tessera_gateway_queued_requests",
-            "Requests waiting for a first token",
-            registry=registry,
-        )
-        self.running = Gauge(
-            "tessera_gateway_running_requests", "Requests in flight", registry=registry
-        )
-        self.embedding_bytes = Counter(
-            "tessera_gateway_embedding_bytes_received",
-            "Embedding bytes the decoders received for finished requests",
-            registry=registry,
-        )
-        self.cancellations = Counter(
-            "tessera_gateway_cancellations", "Requests the client abandoned", registry=registry
-        )
-
-
 class GatewayFront:
     def __init__(
         self,
@@ -133,7 +101,8 @@ class GatewayFront:
         self.pipeline = pipeline
         self.model_names = list(model_names)
         self.max_queued_requests = max_queued_requests
-        self.metrics = RequestMetrics(registry)
+        self.metrics = GatewayMetrics(registry, self.model_names[0])
+        pipeline.encoded_listeners.append(self.metrics.encoder_cache)
         self._num_queued = 0
 
     @property
@@ -146,11 +115,15 @@ class GatewayFront:
                 f"model {name!r} is not served here; use {self.model_name!r}", param="model"
             )
 
-    async def generate(
-        self, request: ChatRequest, outcome: Outcome
-    ) -> AsyncIterator[tuple[str, TextEvent]]:
-        """Streams (final text, event) pairs; fills `outcome` at the end. Raises Rejected
-        or DownstreamError; a client that goes away cancels it (and everything below)."""
+    def refused(self, request_id: str, protocol: str, status: str) -> None:
+        """A request refused before it could reach `generate` (a body that is not JSON, a
+        bad request id, a wrong API key): counted and logged as any other. `status`: what
+        the client got (an HTTP status, or a gRPC code's name)."""
+        self.metrics.request_ended("invalid")
+        log_access(AccessRecord(request_id, protocol, self.model_name, status))
+
+    def _admit(self, request: ChatRequest) -> str:
+        """Checks what can be checked up front; returns the cache salt to use downstream."""
         self.check_model(request.model)
         try:
             check_sampling(request.sampling)
@@ -161,21 +134,28 @@ class GatewayFront:
         except ValueError as error:
             raise Rejected(str(error), param="cache_salt") from None
         if self._num_queued >= self.max_queued_requests:
-            self.metrics.requests.labels("rejected").inc()
             raise Rejected(
                 f"{self._num_queued} requests are already queued; retry shortly",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 retry_after_seconds=1,
             )
+        return cache_salt
+
+    async def generate(
+        self, request: ChatRequest, outcome: Outcome
+    ) -> AsyncIterator[tuple[str, TextEvent]]:
+        """Streams (final text, event) pairs; fills `outcome` at the end. Raises Rejected
+        or DownstreamError; a client that goes away cancels it (and everything below)."""
         started = time.monotonic()
+        end = RequestEnd()
+        admitted = waiting = False
         last_token: float | None = None
         stops = StopMatcher(request.stop)
-        self._num_queued += 1
-        queued = True
-        self.metrics.queued.inc()
-        self.metrics.running.inc()
-        result = "error"
         try:
+            cache_salt = self._admit(request)
+            admitted = waiting = True
+            self._num_queued += 1
+            self.metrics.admitted()
             generation = GenerationRequest(
                 GenerationPipeline.internal_id(request.request_id),
                 request.messages,
@@ -200,41 +180,94 @@ class GatewayFront:
                         outcome.finished = event
                         outcome.finish_reason = _finish_reason(event)
                         break
-                    if queued:
-                        queued = False
+                    if waiting:
+                        waiting = False
                         self._num_queued -= 1
-                        self.metrics.queued.dec()
-                        self.metrics.ttft.observe(now - started)
+                        end.ttft_seconds = now - started
+                        self.metrics.first_token(end.ttft_seconds)
                     elif event.tokens.token_ids and last_token is not None:
-                        self.metrics.itl.observe(now - last_token)
+                        self.metrics.next_token(now - last_token)
                     if event.tokens.token_ids:
                         last_token = now
                         outcome.token_ids += event.tokens.token_ids
                         outcome.logprobs += event.tokens.logprobs
                     yield stops.add(event.text), event
                     if stops.stopped:
+                        # Our own cancel of the decoder: a stop, not an abort.
                         outcome.finish_reason = "stop"
                         break
-            result = "ok"
-            if outcome.finished is not None:
-                self.metrics.embedding_bytes.inc(outcome.finished.decoder.stats.num_embedding_bytes)
-        except (PromptError, Rejected):
-            result = "invalid"
+            end.outcome = "ok"
+        except Rejected as error:
+            end.code = error.code
+            busy = error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            end.outcome = "rejected" if busy else "invalid"
+            raise
+        except PromptError:
+            end.code, end.outcome = grpc.StatusCode.INVALID_ARGUMENT, "invalid"
             raise
         except DownstreamError as error:
-            result = "invalid" if error.code == grpc.StatusCode.INVALID_ARGUMENT else "error"
+            end.code = error.code
+            end.outcome = "invalid" if error.code == grpc.StatusCode.INVALID_ARGUMENT else "error"
             raise
         except BaseException:
-            result = "cancelled"
-            self.metrics.cancellations.inc()
+            end.code, end.outcome = grpc.StatusCode.CANCELLED, "cancelled"
             raise
         finally:
-            if queued:
+            if admitted and waiting:
                 self._num_queued -= 1
-                self.metrics.queued.dec()
-            self.metrics.running.dec()
-            self.metrics.requests.labels(result).inc()
-            self.metrics.e2e.observe(time.monotonic() - started)
+            end.seconds = time.monotonic() - started
+            self._ended(request, outcome, end, admitted, waiting)
+
+    def _ended(
+        self, request: ChatRequest, outcome: Outcome, end: RequestEnd, admitted: bool, waiting: bool
+    ) -> None:
+        """Counts and logs a request that `generate` saw to its end, however it ended."""
+        record = AccessRecord(
+            request.request_id,
+            request.protocol,
+            request.model or self.model_name,
+            status_text(request.protocol, end.code),
+            ttft_seconds=end.ttft_seconds,
+            total_seconds=end.seconds,
+        )
+        if outcome.prompt is not None:
+            record.prompt_tokens = len(outcome.prompt.token_ids)
+            record.media_items = len(outcome.prompt.items)
+        record.output_tokens = len(outcome.token_ids)
+        if outcome.finished is not None:
+            usage = outcome.finished.decoder.usage
+            record.cached_prompt_tokens = usage.cached_prompt_tokens
+            record.media_items_cached = outcome.finished.sources.cached
+        if admitted:
+            self.metrics.left(waiting, cancelled=end.outcome == "cancelled")
+            if end.outcome == "ok":
+                record.finish_reason = outcome.finish_reason
+                finished = FinishedRequest(
+                    outcome.finish_reason,
+                    record.prompt_tokens,
+                    record.cached_prompt_tokens,
+                    record.output_tokens,
+                    end.seconds,
+                )
+                embedding_bytes = (
+                    outcome.finished.decoder.stats.num_embedding_bytes if outcome.finished else 0
+                )
+                self.metrics.finished(finished, embedding_bytes)
+            else:
+                record.finish_reason = "abort"
+                self.metrics.aborted(end.seconds)
+        self.metrics.request_ended(end.outcome)
+        log_access(record)
+
+
+@dataclass
+class RequestEnd:
+    """How `generate` left a request, for its metrics and its access log line."""
+
+    outcome: str = "error"  # ok, invalid, rejected, error, cancelled
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    ttft_seconds: float | None = None
+    seconds: float = 0.0
 
 
 def _finish_reason(event: FinishedEvent) -> str:

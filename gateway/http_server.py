@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import completions_api, http_generation, openai_api, openapi, tokens_api
+from gateway.access_log import http_status
 from gateway.api_keys import ApiKeys, UnauthenticatedError
 from gateway.choices import choice_requests
 from gateway.front import ChatRequest, GatewayFront, Rejected
@@ -46,12 +47,13 @@ from tessera.limits import check_request_id
 
 log = logging.getLogger("tessera.gateway.http")
 
-_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
-    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
-    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
+# OpenAI's error type for each HTTP status (gateway.access_log maps gRPC codes to these).
+_KIND = {
+    400: "invalid_request_error",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    503: "service_unavailable",
+    404: "not_found_error",
 }
 
 
@@ -79,8 +81,8 @@ class HttpError(Exception):
 
 
 def http_error(error: Exception) -> HttpError:
-    code = getattr(error, "code", grpc.StatusCode.INVALID_ARGUMENT)
-    status, kind = _STATUS.get(code, (500, "server_error"))
+    status = http_status(getattr(error, "code", grpc.StatusCode.INVALID_ARGUMENT))
+    kind = _KIND.get(status, "server_error")
     headers = {}
     if isinstance(error, Rejected) and error.retry_after_seconds:
         headers["Retry-After"] = str(error.retry_after_seconds)
@@ -152,16 +154,25 @@ class HttpApi:
             body = await self._read_json(request)
             plan = await parse(body, request_id)
             self.front.check_model(plan.requests[0].model)
-            requests = [dataclasses.replace(r, tenant=tenant) for r in plan.requests]
+        except HttpError as error:
+            return self._refused(error, request_id)
+        except (Rejected, PromptError, DownstreamError) as error:
+            return self._refused(http_error(error), request_id)
+        requests = [dataclasses.replace(r, tenant=tenant, protocol="http") for r in plan.requests]
+        # From here on, the front counts and logs each choice however it ends.
+        try:
             if plan.stream:
                 return await http_generation.stream(
                     self.front, requests, plan.shape, plan.include_usage, _error_body
                 )
             return await http_generation.complete(request, self.front, requests, plan.shape)
-        except HttpError as error:
-            return error.response(request_id)
         except (Rejected, PromptError, DownstreamError) as error:
             return http_error(error).response(request_id)
+
+    def _refused(self, error: HttpError, request_id: str) -> Response:
+        """A request refused before generation: counted and logged, then answered."""
+        self.front.refused(request_id, "http", str(error.status))
+        return error.response(request_id)
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._generation(request, self._chat_plan)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from pathlib import Path
 
 from gateway.api_keys import with_key_file
 from gateway.config import GatewayConfig, add_gateway_flags
@@ -15,11 +14,14 @@ from gateway.pipeline import GenerationPipeline
 from gateway.prompt import PromptBuilder
 from gateway.router import DecoderRouter
 from gateway.servicer import GatewayServicer
+from gateway.stats_log import StatsLogger, decoders_stats
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
+from tessera.config_common import served_model_name
+from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.replicas import ReplicaSet
-from tessera.server import configure_logging, serve, service_spec
+from tessera.server import serve, service_spec
 from tessera.v1 import gateway_pb2_grpc
 
 
@@ -29,12 +31,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
-def served_model_name(config: GatewayConfig) -> str:
-    return config.served_model_name or Path(config.model.rstrip("/")).name or config.model
-
-
 async def run(config: GatewayConfig) -> None:
     servicer = GatewayServicer()
+    background: set[asyncio.Task] = set()  # kept referenced while the gateway runs
 
     async def load() -> str:
         family = await asyncio.to_thread(
@@ -62,12 +61,19 @@ async def run(config: GatewayConfig) -> None:
             builder, encoders, DecoderRouter(decoders), channels, config.lease_ms
         )
         registry = new_registry()
-        names = [served_model_name(config), config.model]
+        names = [served_model_name(config.model, config.served_model_name), config.model]
         front = GatewayFront(pipeline, names, config.max_queued_requests, registry)
         servicer.front = front
         api_keys = with_key_file(config.api_keys, config.api_key_file)
         servicer.api_keys = api_keys
         serve_metrics(config.metrics_port, config.host, registry)
+        if config.log_stats_interval:
+            stats = StatsLogger(
+                registry,
+                front.model_name,
+                lambda: decoders_stats(decoders.addresses, decoders.channel),
+            )
+            background.add(asyncio.create_task(stats.run(config.log_stats_interval)))
         http = "off"
         if config.http_port:
             policy = MediaFetchPolicy(
@@ -111,5 +117,5 @@ async def run(config: GatewayConfig) -> None:
 
 def main(args: argparse.Namespace) -> None:
     config = GatewayConfig.from_args(args)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     asyncio.run(run(config))

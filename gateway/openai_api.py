@@ -16,6 +16,7 @@ from gateway.front import ChatRequest, Rejected
 from gateway.logprobs import LogprobsRequest, logprobs_request, num_top_logprobs
 from gateway.media_fetch import MediaFetchPolicy, MediaURLError, load_media_url
 from gateway.prompt import ChatInput, MediaPart, TextPart
+from gateway.structured import structured_output_from_body
 from tessera.media import options_from_json
 from tessera.placeholders import Modality
 from tessera.v1 import common_pb2
@@ -79,6 +80,9 @@ def sampling_from_body(body: dict, logprobs: LogprobsRequest) -> common_pb2.Samp
     if seed is not None:
         sampling.seed = seed
     sampling.num_top_logprobs = num_top_logprobs(logprobs)
+    structured = structured_output_from_body(body)
+    if structured is not None:
+        sampling.structured_output.CopyFrom(structured)
     return sampling
 
 

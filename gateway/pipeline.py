@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -24,11 +24,8 @@ from tessera.wire import media_item_to_proto, range_to_proto
 
 log = logging.getLogger("tessera.gateway")
 
-_CACHED_SOURCES = (
-    encoder_pb2.ENCODE_SOURCE_MEMORY,
-    encoder_pb2.ENCODE_SOURCE_JOINED,
-    encoder_pb2.ENCODE_SOURCE_REDIS,
-)
+# Served by the encoder's memory tier: found there, or joined an encode in flight there.
+_MEMORY_SOURCES = (encoder_pb2.ENCODE_SOURCE_MEMORY, encoder_pb2.ENCODE_SOURCE_JOINED)
 # Failures that say "this replica", not "this request": try another one.
 _REPLICA_FAILURES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN}
 
@@ -52,13 +49,41 @@ class TextEvent:
 
 
 @dataclass(frozen=True)
+class ItemSources:
+    """Where the encoders found a request's unique media items (each Encode's answer)."""
+
+    memory: int = 0  # the encoder's memory cache (or an encode of it already in flight)
+    redis: int = 0  # the shared Redis tier
+    computed: int = 0  # encoded afresh
+
+    @property
+    def cached(self) -> int:
+        return self.memory + self.redis
+
+    @staticmethod
+    def of(encoded: Sequence[encoder_pb2.EncodedItem]) -> ItemSources:
+        return ItemSources(
+            memory=sum(e.source in _MEMORY_SOURCES for e in encoded),
+            redis=sum(e.source == encoder_pb2.ENCODE_SOURCE_REDIS for e in encoded),
+            computed=sum(e.source == encoder_pb2.ENCODE_SOURCE_COMPUTED for e in encoded),
+        )
+
+
+@dataclass(frozen=True)
 class FinishedEvent:
     prompt: Prompt
     decoder: decoder_pb2.DecodeFinished
     token_ids: list[int]
     time_to_first_token_seconds: float
-    num_items_computed: int
-    num_items_cached: int
+    sources: ItemSources
+
+    @property
+    def num_items_computed(self) -> int:
+        return self.sources.computed
+
+    @property
+    def num_items_cached(self) -> int:
+        return self.sources.cached
 
 
 # Longer than the channels' longest reconnect backoff (1 s, tessera.channels, plus its
@@ -99,6 +124,9 @@ class GenerationPipeline:
         self.decoders = decoders
         self.channels = channels
         self.lease_ms = lease_ms
+        # Told where each request's items were found, once its Encode calls answer
+        # (whether or not the request still runs then): the encoder cache metrics.
+        self.encoded_listeners: list[Callable[[ItemSources], None]] = []
 
     @staticmethod
     def new_request_id() -> str:
@@ -131,6 +159,7 @@ class GenerationPipeline:
             )
         yield prompt
         encode_task = asyncio.create_task(self._encode_all(request, prompt.items))
+        encode_task.add_done_callback(self._tell_encoded)
         detokenizer = IncrementalDetokenizer(self.builder.family.decode_tokens)
         token_ids: list[int] = []
         first_token_time: float | None = None
@@ -144,12 +173,19 @@ class GenerationPipeline:
                 tail = detokenizer.flush()
                 if tail:
                     yield TextEvent(tail, decoder_pb2.TokenBatch())
-                computed, cached = await self._encode_outcome(encode_task)
+                sources = await self._encode_outcome(encode_task)
                 ttft = (first_token_time or time.monotonic()) - started
-                yield FinishedEvent(prompt, message.finished, token_ids, ttft, computed, cached)
+                yield FinishedEvent(prompt, message.finished, token_ids, ttft, sources)
         finally:
             # Encoding goes on (the cache keeps the result); its error is not news then.
             encode_task.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    def _tell_encoded(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        sources = ItemSources.of(task.result())
+        for listener in self.encoded_listeners:
+            listener(sources)
 
     async def _decode(
         self, request: GenerationRequest, prompt: Prompt, encode_task: asyncio.Task
@@ -249,14 +285,12 @@ class GenerationPipeline:
                 self.encoders.mark_down(candidate, error.code().name)
         raise AssertionError("unreachable")
 
-    async def _encode_outcome(self, encode_task: asyncio.Task) -> tuple[int, int]:
-        """(computed, cached) unique items. The decoder finished, so every item was
+    async def _encode_outcome(self, encode_task: asyncio.Task) -> ItemSources:
+        """Where the unique items came from. The decoder finished, so every item was
         encoded somewhere: a failed Encode here only means the decoder had it re-encoded."""
         try:
             encoded = await encode_task
         except DownstreamError as error:
             log.warning("Encode failed but the decoder recovered: %s", error)
-            return 0, 0
-        computed = sum(e.source == encoder_pb2.ENCODE_SOURCE_COMPUTED for e in encoded)
-        cached = sum(e.source in _CACHED_SOURCES for e in encoded)
-        return computed, cached
+            return ItemSources()
+        return ItemSources.of(encoded)

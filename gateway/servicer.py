@@ -23,18 +23,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def Generate(self, request, context):
         await abort_unless_ready(context, self.front is not None)
-        try:
-            tenant = self.api_keys.tenant_for(_metadata(context, "authorization"))
-        except UnauthenticatedError as error:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
         request_id = request.request_id or _metadata(context, REQUEST_ID_KEY)
         request_id = request_id or GenerationPipeline.new_request_id()
         try:
+            tenant = self.api_keys.tenant_for(_metadata(context, "authorization"))
+        except UnauthenticatedError as error:
+            # Logged under an id of our own: the caller's is not checked yet.
+            own_id = GenerationPipeline.new_request_id()
+            await self._refuse(context, own_id, grpc.StatusCode.UNAUTHENTICATED, error)
+        try:
             check_request_id(request_id)
         except ValueError as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            # Logged under an id of our own: a bad one is never echoed.
+            own_id = GenerationPipeline.new_request_id()
+            await self._refuse(context, own_id, grpc.StatusCode.INVALID_ARGUMENT, error)
         await context.send_initial_metadata([(REQUEST_ID_KEY, request_id)])
-        outcome = Outcome()
         try:
             chat = ChatRequest(
                 request_id=request_id,
@@ -48,6 +51,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 timeout_seconds=context.time_remaining(),
                 processing_options=dict(request.mm_processor_kwargs),
             )
+        except PromptError as error:
+            await self._refuse(context, request_id, grpc.StatusCode.INVALID_ARGUMENT, error)
+        # From here on, the front counts and logs the request however it ends.
+        outcome = Outcome()
+        try:
             async for text, event in self.front.generate(chat, outcome):
                 yield gateway_pb2.GenerateResponse(
                     delta=gateway_pb2.TextDelta(
@@ -61,6 +69,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             )
         except DownstreamError as error:
             await context.abort(error.code, str(error))
+
+    async def _refuse(
+        self, context, request_id: str, code: grpc.StatusCode, error: Exception
+    ) -> None:
+        """A request refused before generation: counted and logged, then aborted."""
+        self.front.refused(request_id, "grpc", code.name)
+        await context.abort(code, str(error))
 
 
 def _metadata(context, key: str) -> str:

@@ -77,10 +77,7 @@ def replica_count(value: str) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    import grpc
-
-    from tessera.client import Audio, Client, Message
-    from tessera.v1 import common_pb2
+    from tessera.client import Audio, Client, Message, SamplingParams, TesseraError
 
     try:
         parts: list[str | bytes | Audio] = [Path(p).read_bytes() for p in args.image]
@@ -88,20 +85,19 @@ def cmd_generate(args: argparse.Namespace) -> None:
     except OSError as error:
         raise SystemExit(f"tessera generate: cannot read media: {error}") from None
     parts.append(args.prompt)
-    sampling = common_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-    if args.seed is not None:
-        sampling.seed = args.seed
+    sampling = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+    )
     options = {"mm_processor_kwargs": args.mm_processor_kwargs or {}}
     try:
         with Client(args.server, tls=TlsFiles.from_args(args), api_key=args.api_key) as client:
             if not args.json:
-                for response in client.stream([Message("user", parts)], sampling, **options):
-                    if response.HasField("delta"):
-                        print(response.delta.text, end="", flush=True)
+                for delta in client.deltas([Message("user", parts)], sampling, **options):
+                    print(delta.text, end="", flush=True)
                 print()
                 return
             completion = client.complete([Message("user", parts)], sampling, **options)
-    except grpc.RpcError as error:
+    except TesseraError as error:
         raise SystemExit(f"tessera generate: {error.code().name}: {error.details()}") from None
     except TlsFilesError as error:
         raise SystemExit(f"tessera generate: {error}") from None
@@ -129,20 +125,34 @@ def cmd_make_demo_model(args: argparse.Namespace) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from decoder_service.main import build_parser as decoder_parser
-    from encoder_service.main import build_parser as encoder_parser
-    from gateway.main import build_parser as gateway_parser
+SERVICE_COMMANDS = {
+    "encoder": "run one encoder replica",
+    "decoder": "run one decoder replica",
+    "gateway": "run the gateway",
+}
 
+
+def add_service_flags(name: str, parser: argparse.ArgumentParser) -> None:
+    """The service's own flags; importing its module pulls in torch and transformers."""
+    if name == "encoder":
+        from encoder_service.main import build_parser
+    elif name == "decoder":
+        from decoder_service.main import build_parser
+    else:
+        from gateway.main import build_parser
+    build_parser(parser)
+
+
+def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
+    """The whole command line. Without `with_services` the three service commands are
+    listed but take no flags, so the client commands start without torch."""
     parser = argparse.ArgumentParser(prog="tessera", description="Tessera multimodal LLM serving")
     parser.add_argument("--version", action="version", version=f"tessera {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, build, text in [
-        ("encoder", encoder_parser, "run one encoder replica"),
-        ("decoder", decoder_parser, "run one decoder replica"),
-        ("gateway", gateway_parser, "run the gateway"),
-    ]:
-        build(commands.add_parser(name, help=text, description=text))
+    for name, text in SERVICE_COMMANDS.items():
+        service = commands.add_parser(name, help=text, description=text)
+        if with_services:
+            add_service_flags(name, service)
 
     serve = commands.add_parser(
         "serve",
@@ -158,13 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"serve a generated demo checkpoint of this family (default: {DEFAULT_FAMILY})",
     )
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address every service listens on")
     serve.add_argument("--port", type=int, default=50051, help="the gateway's gRPC port")
-    serve.add_argument("--max-chunk-tokens", type=int, default=None)
+    serve.add_argument(
+        "--max-chunk-tokens",
+        type=int,
+        default=None,
+        help="most prompt tokens per prefill chunk (default: the decoder's)",
+    )
     serve.add_argument(
         "--http-port", type=int, default=8000, help="the OpenAI-compatible HTTP API (0: off)"
     )
-    serve.add_argument("--ready-timeout", type=float, default=600.0)
+    serve.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for every service to load its model and serve",
+    )
     serve.add_argument(
         "--encoders",
         type=replica_count,
@@ -191,9 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(the start message names the client certificate)",
     )
 
-    generate = commands.add_parser("generate", help="send one request to a gateway")
-    generate.add_argument("prompt")
-    generate.add_argument("--server", default="127.0.0.1:50051")
+    text = "send one request to a gateway and print the answer as it streams"
+    generate = commands.add_parser("generate", help=text, description=text)
+    generate.add_argument("prompt", help="the user message's text (after the media)")
+    generate.add_argument("--server", default="127.0.0.1:50051", help="the gateway's host:port")
     generate.add_argument("--image", action="append", default=[], help="image file (repeatable)")
     generate.add_argument(
         "--audio",
@@ -201,9 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="audio file: WAV, FLAC, OGG, MP3, ... (repeatable; after the images)",
     )
-    generate.add_argument("--max-tokens", type=int, default=64)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
+    generate.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)"
+    )
+    generate.add_argument("--seed", type=int, default=None, help="seed for sampling")
     generate.add_argument("--json", action="store_true", help="print one JSON object")
     generate.add_argument(
         "--mm-processor-kwargs",
@@ -218,18 +241,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="the gateway's API key, if it has any (env TESSERA_API_KEY)",
     )
 
-    demo = commands.add_parser(
-        "make-demo-model", help="write a random-weight checkpoint of a supported family"
+    text = "write a random-weight checkpoint of a supported family (no downloads)"
+    demo = commands.add_parser("make-demo-model", help=text, description=text)
+    demo.add_argument("dir", help="directory to write the checkpoint to")
+    demo.add_argument(
+        "--family", choices=list(DEMO_FAMILIES), default=DEFAULT_FAMILY, help="model family"
     )
-    demo.add_argument("dir")
-    demo.add_argument("--family", choices=list(DEMO_FAMILIES), default=DEFAULT_FAMILY)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--size", choices=list(DEMO_MODEL_SIZES), default="tiny")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    demo.add_argument(
+        "--size",
+        choices=list(DEMO_MODEL_SIZES),
+        default="tiny",
+        help="tiny: for tests and trying it out; bench: larger, for benchmarks",
+    )
     return parser
 
 
+def needs_services(argv: list[str]) -> bool:
+    """Whether the command line names a service command (the top level takes only
+    --help and --version, so the first word that is not a flag is the command)."""
+    command = next((word for word in argv if not word.startswith("-")), None)
+    return command in SERVICE_COMMANDS
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(with_services=needs_services(argv))
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "serve":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -16,6 +16,14 @@ Every call has a deadline (`timeout_seconds`). A call that fails before any outp
 UNAVAILABLE (no gateway there, or it is restarting) or RESOURCE_EXHAUSTED (queue full) is
 retried up to `max_retries` times with backoff: nothing was generated for the caller, so
 retrying is safe. Once output has arrived, errors go to the caller.
+
+Sampling parameters are typed (`SamplingParams`, `StructuredOutput`; protobuf ones are
+still taken), `deltas()` streams typed `Delta`s, and every failure is a `TesseraError`
+(`InvalidRequest`, `Unauthenticated`, `Unavailable`, `DeadlineExceeded`, ...), which is
+still a `grpc.RpcError` with `code()` and `details()`.
+
+This module must stay light (no torch, transformers or numpy): `tessera generate` and
+applications import it; tests/unit/test_light_imports.py checks.
 """
 
 from __future__ import annotations
@@ -27,9 +35,57 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from tessera.client_types import (
+    Cancelled,
+    DeadlineExceeded,
+    Delta,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    PermissionDenied,
+    SamplingParams,
+    ServerError,
+    StructuredOutput,
+    TesseraError,
+    TokenLogprob,
+    TopLogprob,
+    Unauthenticated,
+    Unavailable,
+    Usage,
+    client_error,
+    delta_from_response,
+    finish_reason_name,
+    sampling_proto,
+)
 from tessera.server import GRPC_OPTIONS
 from tessera.tls import TlsFiles, aio_channel, sync_channel
 from tessera.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+__all__ = [
+    "AsyncClient",
+    "Audio",
+    "Cancelled",
+    "Client",
+    "Completion",
+    "DeadlineExceeded",
+    "Delta",
+    "InvalidRequest",
+    "Message",
+    "NotFound",
+    "Overloaded",
+    "PermissionDenied",
+    "SamplingParams",
+    "ServerError",
+    "StructuredOutput",
+    "TesseraError",
+    "TlsFiles",
+    "TokenLogprob",
+    "TopLogprob",
+    "Unauthenticated",
+    "Unavailable",
+    "Usage",
+    "build_request",
+]
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 REQUEST_ID_KEY = "x-request-id"
@@ -74,7 +130,7 @@ class Completion:
 
 def build_request(
     messages: Sequence[Message],
-    sampling: common_pb2.SamplingParams | None = None,
+    sampling: SamplingParams | common_pb2.SamplingParams | None = None,
     max_chunk_tokens: int = 0,
     request_id: str = "",
     cache_salt: str = "",
@@ -86,7 +142,7 @@ def build_request(
     return gateway_pb2.GenerateRequest(
         request_id=request_id,
         messages=[m.to_proto() for m in messages],
-        sampling=sampling or common_pb2.SamplingParams(),
+        sampling=sampling_proto(sampling),
         max_chunk_tokens=max_chunk_tokens,
         cache_salt=cache_salt,
         stop=list(stop),
@@ -113,9 +169,7 @@ class _Assembler:
             text="".join(self.text),
             token_ids=list(done.token_ids),
             prompt_token_ids=list(done.prompt_token_ids),
-            finish_reason=common_pb2.FinishReason.Name(done.finish_reason)
-            .removeprefix("FINISH_REASON_")
-            .lower(),
+            finish_reason=finish_reason_name(done.finish_reason),
             usage={
                 "prompt_tokens": done.usage.prompt_tokens,
                 "completion_tokens": done.usage.completion_tokens,
@@ -166,7 +220,7 @@ class Client:
         self.close()
 
     def stream(self, messages: Sequence[Message], *args, **kwargs) -> Iterator:
-        """GenerateResponse messages: text deltas, then the final one."""
+        """GenerateResponse messages: text deltas, then the final one (see `deltas`)."""
         request = build_request(messages, *args, **kwargs)
         for attempt in range(self.max_retries + 1):
             received = False
@@ -179,8 +233,13 @@ class Client:
                 return
             except grpc.RpcError as error:
                 if received or error.code() not in RETRYABLE or attempt == self.max_retries:
-                    raise
+                    raise client_error(error) from error
             time.sleep(_backoff(attempt))
+
+    def deltas(self, messages: Sequence[Message], *args, **kwargs) -> Iterator[Delta]:
+        """Typed pieces of the stream; the last has finish_reason and usage."""
+        for response in self.stream(messages, *args, **kwargs):
+            yield delta_from_response(response)
 
     def complete(self, messages: Sequence[Message], *args, **kwargs) -> Completion:
         assembler = _Assembler()
@@ -227,10 +286,15 @@ class AsyncClient:
                 return
             except grpc.aio.AioRpcError as error:
                 if received or error.code() not in RETRYABLE or attempt == self.max_retries:
-                    raise
+                    raise client_error(error) from error
             finally:
                 call.cancel()
             await asyncio.sleep(_backoff(attempt))
+
+    async def deltas(self, messages: Sequence[Message], *args, **kwargs) -> AsyncIterator[Delta]:
+        """Typed pieces of the stream; the last has finish_reason and usage."""
+        async for response in self.stream(messages, *args, **kwargs):
+            yield delta_from_response(response)
 
     async def complete(self, messages: Sequence[Message], *args, **kwargs) -> Completion:
         assembler = _Assembler()

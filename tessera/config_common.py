@@ -7,7 +7,10 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
+
+from tessera.logs import LOG_FORMATS, add_log_format_flag
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -17,6 +20,30 @@ def env_default(name: str, default: T, parse: Callable[[str], T] = str) -> T:  #
     """`parse(os.environ[name])` if set, else `default`."""
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else parse(raw)
+
+
+def _log_format(value: str) -> str:
+    if value not in LOG_FORMATS:
+        raise SystemExit(f"TESSERA_LOG_FORMAT={value!r}: use one of {', '.join(LOG_FORMATS)}")
+    return value
+
+
+def served_model_name(model: str, override: str | None) -> str:
+    """The model's name in the API and in metrics' `model_name` label: `override`, else
+    the checkpoint directory's (or hub id's) last part.
+
+    Example: served_model_name("/models/llava-1.5/", None) == "llava-1.5"
+    """
+    return override or Path(model.rstrip("/")).name or model
+
+
+def add_served_model_name_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's name in the API and in metrics' model_name label "
+        "(default: the checkpoint directory's name)",
+    )
 
 
 @dataclass(frozen=True)
@@ -58,6 +85,7 @@ def add_common_flags(parser: argparse.ArgumentParser, default_port: int) -> None
         help="on SIGTERM, how long in-flight requests get to finish",
     )
     parser.add_argument("--log-level", default=env_default("TESSERA_LOG_LEVEL", "INFO"))
+    add_log_format_flag(parser, env_default("TESSERA_LOG_FORMAT", "text", _log_format))
     parser.add_argument(
         "--enable-reflection",
         action="store_true",

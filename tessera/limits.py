@@ -35,3 +35,8 @@ def check_cache_salt(cache_salt: str) -> str:
             f"cache_salt has {len(cache_salt)} characters; at most {MAX_CACHE_SALT_CHARS}"
         )
     return cache_salt
+
+
+# A grammar (JSON Schema, regex, Lark) of structured outputs: compiling one costs time and
+# memory in proportion to its text, so the text is bounded before anything parses it.
+MAX_GRAMMAR_CHARS = 64 * 1024

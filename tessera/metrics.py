@@ -7,7 +7,7 @@ counted twice and the numbers in /metrics and GetStats always agree.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -18,13 +18,18 @@ Reading = tuple[str, str, str, float]
 
 
 class StatsCollector(Collector):
-    def __init__(self, read: Callable[[], Iterable[Reading]]):
+    """`labels`: the same on every metric (the decoder's `model_name`, as vLLM's)."""
+
+    def __init__(self, read: Callable[[], Iterable[Reading]], labels: Mapping[str, str]):
         self._read = read
+        self._labels = dict(labels)
 
     def collect(self) -> Iterable[Metric]:
         for name, documentation, kind, value in self._read():
-            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            yield family(name, documentation, value=value)
+            family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = family_type(name, documentation, labels=list(self._labels))
+            family.add_metric(list(self._labels.values()), value)
+            yield family
 
 
 # (metric name, help, kind, field of a stats message)
@@ -37,10 +42,12 @@ def readings_from(stats, fields: Iterable[StatField]) -> Iterable[Reading]:
         yield name, documentation, kind, float(getattr(stats, field))
 
 
-def new_registry(read: Callable[[], Iterable[Reading]] | None = None) -> CollectorRegistry:
+def new_registry(
+    read: Callable[[], Iterable[Reading]] | None = None, labels: Mapping[str, str] | None = None
+) -> CollectorRegistry:
     registry = CollectorRegistry()
     if read is not None:
-        registry.register(StatsCollector(read))
+        registry.register(StatsCollector(read, labels or {}))
     return registry
 
 

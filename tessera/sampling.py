@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from tessera.limits import MAX_GRAMMAR_CHARS
 from tessera.v1 import common_pb2
 
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS).
@@ -27,6 +28,26 @@ def check_sampling(params: common_pb2.SamplingParams) -> None:
         raise ValueError(f"top_p must be in [0, 1], got {params.top_p}")
     if params.num_top_logprobs > MAX_TOP_LOGPROBS:
         raise ValueError(f"num_top_logprobs must be <= {MAX_TOP_LOGPROBS}")
+    check_structured_output(params.structured_output)
+
+
+def check_structured_output(message: common_pb2.StructuredOutput) -> None:
+    """Raises ValueError naming structured_output when its grammar is empty or too long
+    (whether it compiles, only the decoder, which has the tokenizer, can tell)."""
+    kind = message.WhichOneof("kind")
+    if kind is None:
+        return
+    if kind == "json_object":
+        if not message.json_object:
+            raise ValueError("structured_output.json_object must be true when set")
+        return
+    text = getattr(message, kind)
+    if not text.strip():
+        raise ValueError(f"structured_output.{kind} is empty")
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise ValueError(
+            f"structured_output.{kind} has {len(text)} characters; at most {MAX_GRAMMAR_CHARS}"
+        )
 
 
 def effective_temperature(temperature: float) -> float:

@@ -127,12 +127,6 @@ def redact(url: str | None) -> str:
     return url
 
 
-def configure_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
-    )
-
-
 async def serve(
     spec: ServerSpec,
     add_servicers: Callable[[grpc.aio.Server], None],

@@ -73,7 +73,7 @@ def reference(demo_model_dir):
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Reports every greedy difference accepted as a near-tie (DESIGN.md: the reference's
+    """Reports every greedy difference accepted as a near-tie (docs/design.md: the reference's
     top two logits within 1e-5 at the first differing step)."""
     from tests.reference import NEAR_TIES
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway import openai_api
+from gateway import openai_api, structured
 from gateway.choices import MAX_CHOICES, MAX_TOTAL_TOKENS
 from gateway.openapi.common import Schema, _integer, _nullable, _number, _ref
 from tessera.sampling import MAX_TOP_LOGPROBS
@@ -225,6 +225,7 @@ def _chat_request() -> Schema:
                 "type": "string",
                 "description": "Tessera: prefix-cache entries are shared only with the same salt.",
             },
+            **structured.openapi_fields(),
         },
         "additionalProperties": False,
     }

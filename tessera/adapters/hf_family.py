@@ -66,6 +66,11 @@ class HFFamily:
         self.max_token_chars = _max_token_chars(self._tokenizer)
         self.eos_token_ids = _eos_token_ids(model_dir, self._tokenizer)
 
+    @property
+    def tokenizer(self) -> Any:
+        """The processor's tokenizer (the decoder builds grammar masks from it)."""
+        return self._tokenizer
+
     def _check_chat_template(self) -> None:
         if self._tokenizer.chat_template is None and self._processor.chat_template is None:
             raise ValueError(f"{self.model_dir} has no chat template; add one to the tokenizer")

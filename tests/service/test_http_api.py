@@ -417,12 +417,12 @@ def test_metrics_parse_and_move(client, api):
     before = scrape(api)
     chat(client, "count me")
     after = scrape(api)
-    ok = "tessera_gateway_requests_total[('outcome', 'ok')]"
+    model = "('model_name', 'tessera-demo')"
+    ok = f"tessera_gateway_requests_total[{model}, ('outcome', 'ok')]"
     assert after[ok] == before.get(ok, 0) + 1
-    assert after["tessera_gateway_time_to_first_token_seconds_count[]"] > before.get(
-        "tessera_gateway_time_to_first_token_seconds_count[]", 0
-    )
-    assert after["tessera_gateway_running_requests[]"] == 0
+    ttft = f"tessera_gateway_time_to_first_token_seconds_count[{model}]"
+    assert after[ttft] > before.get(ttft, 0)
+    assert after[f"tessera_gateway_num_requests_running[{model}]"] == 0
 
 
 def decoder_stats(cluster):
@@ -433,6 +433,9 @@ def decoder_stats(cluster):
     with grpc.insecure_channel(cluster.address("decoder")) as channel:
         stub = decoder_pb2_grpc.DecoderServiceStub(channel)
         return stub.GetStats(decoder_pb2.GetDecoderStatsRequest(), timeout=10)
+
+
+RUNNING = "tessera_gateway_num_requests_running[('model_name', 'tessera-demo')]"
 
 
 def test_a_client_that_disconnects_mid_stream_frees_everything(api, cluster):
@@ -450,10 +453,10 @@ def test_a_client_that_disconnects_mid_stream_frees_everything(api, cluster):
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         stats, gauges = decoder_stats(cluster), scrape(api)
-        if stats.num_running == 0 and gauges["tessera_gateway_running_requests[]"] == 0:
+        if stats.num_running == 0 and gauges[RUNNING] == 0:
             break
         time.sleep(0.05)
-    assert stats.num_running == 0 and gauges["tessera_gateway_running_requests[]"] == 0
+    assert stats.num_running == 0 and gauges[RUNNING] == 0
     assert stats.num_free_kv_blocks == start.num_free_kv_blocks == stats.num_kv_blocks
     assert stats.num_aborted > start.num_aborted
 

@@ -155,7 +155,7 @@ def test_encoder_and_decoder_metrics_parse_and_move(cluster):
         decoder_after["tessera_decoder_embedding_bytes_received_total"]
         > decoder["tessera_decoder_embedding_bytes_received_total"]
     )
-    assert 0 <= decoder_after["tessera_decoder_kv_cache_usage"] <= 1
+    assert 0 <= decoder_after["tessera_decoder_kv_cache_usage_perc"] <= 1
     assert "tessera_encoder_queue_depth" in encoder_after
 
 

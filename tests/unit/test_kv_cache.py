@@ -134,9 +134,20 @@ def test_find_prefix_returns_leading_matches_and_stops_at_the_first_miss():
     assert kv.find_prefix(hashes("h0", "zz", "h2", "h3"), 4) == table[:1]
     assert kv.find_prefix(hashes("zz", "h1", "h2"), 4) == []
     stats = kv.stats()
-    assert stats.num_prefix_queries == 6
-    assert stats.num_prefix_hit_blocks == 4 + 4 + 2 + 0 + 1 + 0
+    assert stats.num_prefix_queries == 0  # looking is not admitting (record_lookup)
     assert stats.num_cached_blocks == 4
+
+
+def test_record_lookup_counts_admissions_tokens_and_hits_only_with_prefix_caching():
+    kv = KVCacheManager(8, 2, True)
+    kv.record_lookup(num_tokens=7, num_hit_blocks=3)
+    kv.record_lookup(num_tokens=5, num_hit_blocks=0)
+    stats = kv.stats()
+    assert (stats.num_prefix_queries, stats.num_prefix_query_tokens) == (2, 12)
+    assert stats.num_prefix_hit_blocks == 3
+    off = KVCacheManager(8, 2, False)
+    off.record_lookup(num_tokens=7, num_hit_blocks=0)
+    assert off.stats().num_prefix_queries == off.stats().num_prefix_query_tokens == 0
 
 
 def test_cache_full_blocks_caches_only_what_it_is_told():

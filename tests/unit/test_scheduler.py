@@ -748,6 +748,21 @@ def test_a_prefix_hit_skips_cached_blocks_but_computes_at_least_one_token():
     assert same.output_token_ids == sim.request("first").output_token_ids
 
 
+def test_prefix_cache_stats_count_each_admission_once_in_tokens():
+    # Four blocks: `second` cannot be admitted until `first` is done, and waits steps.
+    sim = big_sim(num_blocks=4, block_size=4, max_num_seqs=2, budget=16)
+    prompt = text(12)
+    sim.add(make_spec("first", prompt, max_tokens=4, chunk=16))
+    sim.add(make_spec("second", prompt, max_tokens=4, chunk=16))
+    sim.run(max_steps=30)
+    stats = sim.kv.stats()
+    second = sim.request("second")
+    assert second.stats.num_cached_prompt_tokens == 8  # the last block is computed again
+    assert stats.num_prefix_queries == 2  # however many steps `second` waited
+    assert stats.num_prefix_query_tokens == 24  # every prompt token, as vLLM counts
+    assert stats.num_prefix_hit_blocks * 4 == second.stats.num_cached_prompt_tokens
+
+
 def test_another_salt_or_image_gets_no_prefix_hit():
     sim = big_sim(block_size=4)
     item = image(4, 8)

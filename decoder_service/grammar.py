@@ -1,0 +1,220 @@
+"""Structured outputs: a grammar (JSON Schema, any JSON object, regex, Lark) applied as a
+token mask, with llguidance doing the parsing.
+
+Entry points (stable; the engine and the tool-calling path use only these):
+
+- `grammar_spec_from_proto(message)`: a `StructuredOutput` proto -> `GrammarSpec` (or None
+  for "unconstrained"); checks the oneof and the text's size. Raises ValueError naming
+  `structured_output`.
+- `GrammarCompiler(tokenizer, model_vocab_size, eos_token_ids)`, one per decoder (or
+  `GrammarCompiler.for_family(family)`): `matcher(spec)` compiles (cached by text, bounded
+  LRU) and returns a fresh per-request `GrammarMatcher`; a bad grammar raises ValueError
+  naming `structured_output` with llguidance's message. Compiling can take a while for a
+  large grammar: call it off the event loop (`asyncio.to_thread`).
+- `GrammarMatcher`, one per request, used once per sampled token:
+  `allowed_tokens(vocab_size)` -> bool mask of the model's vocabulary (before sampling),
+  `advance(token_id)` (after sampling), `is_terminated` (the grammar is complete and takes
+  nothing more: the request finishes with reason "stop").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+
+from tessera.sampling import check_structured_output
+from tessera.v1 import common_pb2
+
+# A caller is hostile: the text is bounded (tessera.limits.MAX_GRAMMAR_CHARS) before
+# anything parses it, and llguidance's own limits bound what compiling and each step's
+# mask may cost.
+GRAMMAR_CACHE_SIZE = 64
+_LIMITS = dict(
+    max_items_in_row=2000,
+    initial_lexer_fuel=1_000_000,  # ~20 ms of building the lexer
+    step_lexer_fuel=200_000,  # ~15 ms per token's mask
+    step_max_items=50_000,
+    max_lexer_states=250_000,
+    max_grammar_size=200_000,
+    # Errors go back to the caller; the grammar's internals need not.
+    verbose_errors=False,
+)
+_BIT_POSITIONS = torch.arange(32, dtype=torch.int32)
+
+
+class GrammarKind(Enum):
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    REGEX = "regex"
+    LARK = "lark"
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What the output must follow: `text` is the schema, regex or Lark grammar (empty for
+    any JSON object). Hashable: it is the compile cache's key."""
+
+    kind: GrammarKind
+    text: str = ""
+
+
+# Any JSON object: the same compiler as a schema, so both behave alike.
+_ANY_OBJECT_SCHEMA = '{"type": "object"}'
+# JSON is written in one line with json.dumps' separators: free whitespace lets a weak
+# model emit newlines forever and never close the object. (A schema's own "x-guidance"
+# options, llguidance's extension, may still ask for other whitespace.)
+_JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def grammar_spec_from_proto(message: common_pb2.StructuredOutput) -> GrammarSpec | None:
+    """None when no kind is set (unconstrained). Raises ValueError naming the field."""
+    check_structured_output(message)
+    kind = message.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "json_object":
+        return GrammarSpec(GrammarKind.JSON_OBJECT)
+    return GrammarSpec(GrammarKind(kind), getattr(message, kind))
+
+
+def _grammar_text(spec: GrammarSpec) -> str:
+    """llguidance's grammar for `spec` (not yet checked: building a matcher checks it)."""
+    if spec.kind is GrammarKind.JSON_OBJECT:
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            _ANY_OBJECT_SCHEMA, defaults=_JSON_DEFAULTS
+        )
+    if spec.kind is GrammarKind.JSON_SCHEMA:
+        return llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=_JSON_DEFAULTS)
+    if spec.kind is GrammarKind.REGEX:
+        return llguidance.LLMatcher.grammar_from_regex(spec.text)
+    return llguidance.LLMatcher.grammar_from_lark(spec.text)
+
+
+class GrammarMatcher:
+    """One request's position in its grammar."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, tokenizer_vocab_size: int):
+        self._matcher = matcher
+        self._tokenizer_vocab_size = tokenizer_vocab_size
+        self._bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer_vocab_size)
+
+    def allowed_tokens(self, vocab_size: int) -> torch.Tensor:
+        """A bool mask over the model's `vocab_size` logits: True where the grammar lets
+        the token come next. Ids the tokenizer does not have (a model's vocabulary is often
+        padded past it) are never allowed."""
+        self._raise_if_error()
+        llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        # Unpacked here rather than with llguidance.torch.apply_token_bitmask_inplace,
+        # which torch.compile's (seconds of compiling per process, a C compiler on CPU).
+        words = self._bitmask[0]
+        bits = ((words.unsqueeze(-1) >> _BIT_POSITIONS) & 1).flatten().bool()
+        allowed = torch.zeros(vocab_size, dtype=torch.bool)
+        known = min(vocab_size, self._tokenizer_vocab_size)
+        allowed[:known] = bits[:known]
+        if not bool(allowed.any()):
+            raise RuntimeError("the grammar allows no token of this model's vocabulary")
+        return allowed
+
+    def advance(self, token_id: int) -> None:
+        """Moves past the sampled token; a token the grammar refuses is an error."""
+        if not self._matcher.consume_token(token_id):
+            raise RuntimeError(f"the grammar refused token {token_id}: {self._matcher.get_error()}")
+
+    @property
+    def is_terminated(self) -> bool:
+        """The output is complete: the grammar takes no more tokens (or took EOS)."""
+        return self._matcher.is_stopped() and not self._matcher.is_error()
+
+    @property
+    def is_accepting(self) -> bool:
+        return self._matcher.is_accepting()
+
+    def _raise_if_error(self) -> None:
+        if self._matcher.is_error():
+            raise RuntimeError(f"the grammar matcher failed: {self._matcher.get_error()}")
+
+
+class GrammarCompiler:
+    """Compiles grammars for one tokenizer; a compiled grammar is kept (LRU, by its text)
+    and each request gets its own copy of its matcher. Thread-safe."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_vocab_size: int,
+        eos_token_ids: Sequence[int],
+        cache_size: int = GRAMMAR_CACHE_SIZE,
+    ):
+        self._hf_tokenizer = tokenizer
+        self.model_vocab_size = model_vocab_size
+        self._eos_token_ids = list(eos_token_ids)
+        self._cache_size = cache_size
+        self._cache: OrderedDict[GrammarSpec, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer_error: str | None = None
+
+    @classmethod
+    def for_family(cls, family: Any) -> GrammarCompiler:
+        """The decoder's: the family's tokenizer, model vocabulary and EOS ids. Cheap; the
+        tokenizer is converted on first use (about a second for a large vocabulary)."""
+        return cls(getattr(family, "tokenizer", None), family.vocab_size, family.eos_token_ids)
+
+    def matcher(self, spec: GrammarSpec) -> GrammarMatcher:
+        """A fresh matcher at the start of `spec`'s grammar. Raises ValueError naming
+        `structured_output` when the grammar is bad or this model cannot take one."""
+        tokenizer = self._tokenizer()
+        with self._lock:
+            compiled = self._cache.get(spec)
+            if compiled is not None:
+                self._cache.move_to_end(spec)
+        if compiled is None:
+            compiled = self._compile(spec, tokenizer)
+            with self._lock:
+                self._cache[spec] = compiled
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        return GrammarMatcher(compiled.deep_copy(), tokenizer.vocab_size)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cache)
+
+    def _compile(
+        self, spec: GrammarSpec, tokenizer: llguidance.LLTokenizer
+    ) -> llguidance.LLMatcher:
+        try:
+            grammar = _grammar_text(spec)
+        except ValueError as error:  # e.g. a schema that is not JSON
+            raise ValueError(f"structured_output.{spec.kind.value}: {error}") from None
+        matcher = llguidance.LLMatcher(
+            tokenizer, grammar, log_level=0, limits=llguidance.LLParserLimits(**_LIMITS)
+        )
+        if matcher.is_error():
+            raise ValueError(f"structured_output.{spec.kind.value}: {matcher.get_error()}")
+        return matcher
+
+    def _tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._ll_tokenizer is None and self._tokenizer_error is None:
+                try:
+                    self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                        self._hf_tokenizer, eos_token=self._eos_token_ids or None
+                    )
+                except Exception as error:  # a tokenizer llguidance cannot read
+                    self._tokenizer_error = str(error) or type(error).__name__
+            if self._ll_tokenizer is None:
+                raise ValueError(
+                    "structured_output is not supported for this model's tokenizer "
+                    f"({self._tokenizer_error})"
+                )
+            return self._ll_tokenizer
