@@ -23,6 +23,7 @@ from tessera.config_common import (
 from tessera.media import options_from_json
 from tessera.media_decoder import MediaLimits, add_media_limit_flags
 from tessera.metrics import add_metrics_flag
+from tessera.sampling import DEFAULT_MAX_LOGPROBS, MAX_TOP_LOGPROBS
 from tessera.startup_flags import (
     DEFAULT_ITEMS_PER_MODALITY,
     MediaCountLimits,
@@ -60,6 +61,7 @@ class GatewayConfig:
     served_model_name: Sequence[str] | None  # the names the API shows and answers to
     chat_template: str | None  # --chat-template: a file or the template itself
     max_request_bytes: int
+    max_logprobs: int
     max_queued_requests: int
     request_timeout_seconds: float
     allowed_media_domains: tuple[str, ...]
@@ -94,6 +96,13 @@ class GatewayConfig:
             tls=TlsFiles.from_args(args),
             access=rules_from_args(args, GATEWAY_ACCESS),
         )
+
+
+def _max_logprobs(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= MAX_TOP_LOGPROBS:
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_TOP_LOGPROBS}]")
+    return number
 
 
 def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
@@ -149,6 +158,13 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="log a stats line (throughput, running/waiting, KV and cache hit rates) every "
         "this many seconds when anything happened (0: off)",
+    )
+    parser.add_argument(
+        "--max-logprobs",
+        type=_max_logprobs,
+        default=DEFAULT_MAX_LOGPROBS,
+        help=f"most top_logprobs (chat) or logprobs (completions) a request may ask for "
+        f"(at most {MAX_TOP_LOGPROBS}, the decoder's bound)",
     )
     parser.add_argument(
         "--max-request-bytes",

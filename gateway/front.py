@@ -79,6 +79,8 @@ class ChatRequest:
     tenant: str = ""
     # The functions it offers the model (gateway/tools.py); None: no tools.
     tools: ToolRequest | None = None
+    # A prompt given as token ids (/v1/completions): used instead of `messages`.
+    prompt_token_ids: Sequence[int] | None = None
     protocol: str = "grpc"  # or "http": which front door, for the access log
 
 
@@ -90,6 +92,8 @@ class Outcome:
     prompt: Prompt | None = None
     finished: FinishedEvent | None = None
     token_ids: list[int] = field(default_factory=list)
+    # Per generated token, when log-probabilities were asked for.
+    logprobs: list[common_pb2.TokenLogprobs] = field(default_factory=list)
 
 
 class GatewayFront:
@@ -171,6 +175,7 @@ class GatewayFront:
                 cache_salt,
                 request.processing_options,
                 request.tools.template_tools() if request.tools else (),
+                request.prompt_token_ids,
             )
             # aclosing: leaving early (a stop string) cancels the decoder call at once.
             async with aclosing(self.pipeline.run(generation)) as events:
@@ -196,6 +201,7 @@ class GatewayFront:
                     if event.tokens.token_ids:
                         last_token = now
                         outcome.token_ids += event.tokens.token_ids
+                        outcome.logprobs += event.tokens.logprobs
                     yield stops.add(event.text), event
                     if stops.stopped:
                         # Our own cancel of the decoder: a stop, not an abort.

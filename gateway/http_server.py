@@ -1,12 +1,14 @@
 """The gateway's OpenAI-compatible HTTP API (Starlette on uvicorn), in the gRPC server's
 event loop.
 
-    POST /v1/chat/completions   GET /v1/models   GET /health   GET /ready   GET /metrics
-    GET /openapi.json (the OpenAPI 3.1 document of all of these, gateway/openapi.py)
+    POST /v1/chat/completions   POST /v1/completions   POST /tokenize   POST /detokenize
+    GET /v1/models   GET /version   GET /health   GET /ready   GET /metrics
+    GET /openapi.json (the OpenAPI 3.1 document of all of these, gateway/openapi/)
 
-Errors are `{"error": {"message", "type", "param", "code"}}` with 400 for bad input, 413
-for a body over --max-request-bytes, 429 (with Retry-After) when too many requests are
-queued, 503/504 when backends fail or time out.
+Errors are `{"error": {"message", "type", "param", "code"}}` (404 and 405 too) with 400
+for bad input, 415 for a body that is not JSON, 413 for a body over --max-request-bytes,
+429 (with Retry-After) when too many requests are queued, 503/504 when backends fail or
+time out. Generation itself (choices, streaming) is gateway/http_generation.py.
 """
 
 from __future__ import annotations
@@ -16,32 +18,37 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 import uvicorn
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import openai_api, openapi
+from gateway import completions_api, http_generation, openai_api, openapi, tokens_api
 from gateway.access_log import http_status
 from gateway.api_keys import ApiKeys, UnauthenticatedError
-from gateway.front import GatewayFront, Outcome, Rejected
+from gateway.choices import choice_requests
+from gateway.front import ChatRequest, GatewayFront, Rejected
 from gateway.generation_defaults import NEUTRAL, SamplingDefaults
+from gateway.http_generation import REQUEST_ID_HEADER
+from gateway.logprobs import DEFAULT_MAX_LOGPROBS
 from gateway.media_fetch import MediaFetchPolicy
 from gateway.pipeline import DownstreamError, GenerationPipeline
 from gateway.prompt import PromptError
-from gateway.tool_calls import output_stream
+from gateway.responses import ChatShape
 from gateway.tools import DEFAULT_TOOL_SETTINGS, ToolSettings
+from tessera import __version__
 from tessera.limits import check_request_id
 
 log = logging.getLogger("tessera.gateway.http")
 
-REQUEST_ID_HEADER = "X-Request-Id"
 # OpenAI's error type for each HTTP status (gateway.access_log maps gRPC codes to these).
 _KIND = {
     400: "invalid_request_error",
@@ -97,6 +104,7 @@ class HttpApi:
         metrics_route: bool,
         sampling_defaults: SamplingDefaults = NEUTRAL,
         tool_settings: ToolSettings = DEFAULT_TOOL_SETTINGS,
+        max_logprobs: int = DEFAULT_MAX_LOGPROBS,
     ):
         self.front, self.registry, self.policy = front, registry, policy
         self.max_request_bytes = max_request_bytes
@@ -105,8 +113,14 @@ class HttpApi:
         self.api_keys = api_keys
         self.sampling_defaults = sampling_defaults  # from the checkpoint's generation_config
         self.tool_settings = tool_settings  # --tool-call-parser, --enable-auto-tool-choice
+        self.max_logprobs = max_logprobs
+        self.tokens = tokens_api.TokensApi(front, policy)
         routes = [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
+            Route("/version", self.version, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/ready", self.ready, methods=["GET"]),
@@ -114,7 +128,9 @@ class HttpApi:
         ]
         if metrics_route:  # else /metrics is on --metrics-port only, off the public port
             routes.append(Route("/metrics", self.metrics, methods=["GET"]))
-        self.app = Starlette(routes=routes)
+        # 404 and 405 in the error format of every other answer, not Starlette's text.
+        handlers = {HTTPException: _starlette_error}
+        self.app = Starlette(routes=routes, exception_handlers=handlers)
 
     def _tenant(self, request: Request) -> str:
         """The caller's tenant from its API key; raises a 401 HttpError without a valid
@@ -126,46 +142,36 @@ class HttpApi:
                 401, "invalid_request_error", str(error), code="invalid_api_key"
             ) from None
 
-    async def chat_completions(self, request: Request) -> Response:
-        try:
-            tenant = self._tenant(request)  # before anything else is looked at
-        except HttpError as error:
-            return self._refused(error, GenerationPipeline.new_request_id())
+    def _request_id(self, request: Request) -> str:
+        """The client's X-Request-Id, checked; raises a 400 HttpError (never echoing it)."""
         request_id = request.headers.get(REQUEST_ID_HEADER) or GenerationPipeline.new_request_id()
         try:
             check_request_id(request_id, REQUEST_ID_HEADER)
         except ValueError as error:
-            # Never echoed back: the response carries an id of our own.
-            refused = HttpError(400, "invalid_request_error", str(error), REQUEST_ID_HEADER)
-            return self._refused(refused, GenerationPipeline.new_request_id())
+            raise HttpError(400, "invalid_request_error", str(error), REQUEST_ID_HEADER) from None
+        return request_id
+
+    async def _generation(self, request: Request, parse: GenerationParser) -> Response:
+        """Authentication, the body, then the generations `parse` makes of it."""
+        request_id = GenerationPipeline.new_request_id()
         try:
+            tenant = self._tenant(request)  # before anything else is looked at
+            request_id = self._request_id(request)
             body = await self._read_json(request)
-            chat = await openai_api.chat_request_from_body(
-                body,
-                request_id,
-                self.policy,
-                self.request_timeout_seconds,
-                self.sampling_defaults,
-                self.tool_settings,
-            )
-            chat = dataclasses.replace(chat, tenant=tenant, protocol="http")
-            stream, include_usage = openai_api.stream_settings(body)
+            plan = await parse(body, request_id)
+            self.front.check_model(plan.requests[0].model)
         except HttpError as error:
             return self._refused(error, request_id)
         except (Rejected, PromptError, DownstreamError) as error:
             return self._refused(http_error(error), request_id)
-        # From here on, the front counts and logs the request however it ends.
-        model = chat.model or self.front.model_name
+        requests = [dataclasses.replace(r, tenant=tenant, protocol="http") for r in plan.requests]
+        # From here on, the front counts and logs each choice however it ends.
         try:
-            if stream:
-                events = self._stream(chat, model, include_usage)
-                first = await anext(events)  # errors before the first token are plain HTTP errors
-                return StreamingResponse(
-                    _prepend(first, events),
-                    media_type="text/event-stream",
-                    headers={REQUEST_ID_HEADER: request_id},
+            if plan.stream:
+                return await http_generation.stream(
+                    self.front, requests, plan.shape, plan.include_usage, _error_body
                 )
-            return await self._complete(request, chat, model)
+            return await http_generation.complete(request, self.front, requests, plan.shape)
         except (Rejected, PromptError, DownstreamError) as error:
             return http_error(error).response(request_id)
 
@@ -174,60 +180,67 @@ class HttpApi:
         self.front.refused(request_id, "http", str(error.status))
         return error.response(request_id)
 
-    async def _complete(self, request: Request, chat, model: str) -> Response:
-        outcome = Outcome()
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generation(request, self._chat_plan)
 
-        async def run() -> str:
-            return "".join([text async for text, _ in self.front.generate(chat, outcome)])
+    async def completions(self, request: Request) -> Response:
+        return await self._generation(request, self._completions_plan)
 
-        task = asyncio.create_task(run())
-        # A client that hangs up stops its generation (and frees its KV blocks) at once.
-        while not task.done():
-            await asyncio.wait([task], timeout=0.1)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                return Response(status_code=499)
-        text = task.result()
-        return JSONResponse(
-            openai_api.completion(chat.request_id, model, text, outcome, chat.tools),
-            headers={REQUEST_ID_HEADER: chat.request_id},
+    async def _chat_plan(self, body: object, request_id: str) -> GenerationPlan:
+        settings = openai_api.ChatSettings(
+            self.policy,
+            self.request_timeout_seconds,
+            self.max_logprobs,
+            self.sampling_defaults,
+            self.tool_settings,
         )
+        parsed = await openai_api.chat_body(body, request_id, settings)
+        shape = ChatShape(
+            request_id,
+            parsed.chat.model or self.front.model_name,
+            parsed.logprobs,
+            self._token_text,
+            parsed.chat.tools,
+        )
+        requests = choice_requests(parsed.chat, parsed.n)
+        return GenerationPlan(requests, shape, parsed.stream, parsed.include_usage)
 
-    async def _stream(self, chat, model: str, include_usage: bool) -> AsyncIterator[str]:
-        outcome = Outcome()
-        events = self.front.generate(chat, outcome)
-        tools = chat.tools
-        # Content deltas, or with tools, content until a call opens and then the calls.
-        output = output_stream(bool(tools and tools.parses_calls), not tools or tools.parallel)
-        first = True
-        try:
-            async for text, _ in events:
-                for delta in output.feed(text):
-                    delta = {"role": "assistant", **delta} if first else delta
-                    first = False
-                    yield _sse(openai_api.chunk(chat.request_id, model, delta, None))
-            for delta in output.finish():
-                delta = {"role": "assistant", **delta} if first else delta
-                first = False
-                yield _sse(openai_api.chunk(chat.request_id, model, delta, None))
-        except (Rejected, PromptError, DownstreamError) as error:
-            if first:
-                raise
-            # After the first token an error can only be an event: never a silent cut.
-            yield _sse({"error": http_error(error).response_body()})
-            yield "data: [DONE]\n\n"
-            return
-        if first:
-            yield _sse(openai_api.chunk(chat.request_id, model, {"role": "assistant"}, None))
-        finish_reason = "tool_calls" if output.num_calls else outcome.finish_reason
-        yield _sse(openai_api.chunk(chat.request_id, model, {}, finish_reason))
-        if include_usage:
-            yield _sse(openai_api.usage_chunk(chat.request_id, model, outcome))
-        yield "data: [DONE]\n\n"
+    async def _completions_plan(self, body: object, request_id: str) -> GenerationPlan:
+        parsed = completions_api.completions_body(
+            body,
+            request_id,
+            self.request_timeout_seconds,
+            self.max_logprobs,
+            self._tokenize,
+            self.sampling_defaults,
+        )
+        shape = completions_api.CompletionShape(
+            request_id,
+            parsed.chat.model or self.front.model_name,
+            parsed.logprobs,
+            self._token_text,
+            self.front.pipeline.builder.family.decode_tokens,
+            parsed.echo,
+            parsed.chat.prompt_token_ids or (),
+        )
+        requests = choice_requests(parsed.chat, parsed.n)
+        return GenerationPlan(requests, shape, parsed.stream, parsed.include_usage)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.front.pipeline.builder.family.decode_tokens([token_id])
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.front.pipeline.builder.family.tokenize(text)
 
     async def _read_json(self, request: Request):
+        media_type = request.headers.get("content-type", "application/json")
+        if media_type.split(";")[0].strip().lower() != "application/json":
+            raise HttpError(
+                415,
+                "invalid_request_error",
+                f"Content-Type {media_type!r} is not supported; send application/json",
+                "Content-Type",
+            )
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_request_bytes:
             raise self._too_large()
@@ -236,6 +249,8 @@ class HttpApi:
             body += piece
             if len(body) > self.max_request_bytes:
                 raise self._too_large()
+        if not body:
+            raise HttpError(400, "invalid_request_error", "the body is empty; send a JSON object")
         try:
             return json.loads(body)
         except ValueError as error:
@@ -273,6 +288,26 @@ class HttpApi:
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    async def tokenize(self, request: Request) -> Response:
+        return await self._tokens(request, self.tokens.tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._tokens(request, self.tokens.detokenize)
+
+    async def _tokens(self, request: Request, handle: Callable[[object], Awaitable[dict]]):
+        request_id = GenerationPipeline.new_request_id()
+        try:
+            self._tenant(request)
+            body = await self._read_json(request)
+            return JSONResponse(await handle(body), headers={REQUEST_ID_HEADER: request_id})
+        except HttpError as error:
+            return error.response(request_id)
+        except (Rejected, PromptError) as error:
+            return http_error(error).response(request_id)
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -292,14 +327,29 @@ class HttpApi:
         return Response(openapi.DOCUMENT_JSON, media_type="application/json")
 
 
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
+async def _starlette_error(request: Request, error: HTTPException) -> Response:
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
-async def _prepend(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
-    yield first
-    async for item in rest:
-        yield item
+def _error_body(error: Exception) -> dict:
+    return http_error(error).response_body()
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """What a generating endpoint makes of a body: the request of each choice, how to
+    shape the answer, and whether to stream it."""
+
+    requests: list[ChatRequest]
+    shape: http_generation.Shape
+    stream: bool
+    include_usage: bool
+
+
+GenerationParser = Callable[[object, str], Awaitable[GenerationPlan]]
 
 
 async def _serving(channel: grpc.aio.Channel) -> bool:

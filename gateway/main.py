@@ -115,6 +115,7 @@ async def run(config: GatewayConfig) -> None:
                 metrics_route=not config.metrics_port,
                 sampling_defaults=sampling_defaults,
                 tool_settings=ToolSettings(config.tool_call_parser, config.enable_auto_tool_choice),
+                max_logprobs=config.max_logprobs,
             )
             await start_http(api.app, config.host, config.http_port)
             http = f"http://{config.host}:{config.http_port}"

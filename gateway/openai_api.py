@@ -6,21 +6,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import time
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.front import ChatRequest, Outcome, Rejected
+from gateway import fields, sampling_body
+from gateway.choices import check_n
+from gateway.fields import check_fields
+from gateway.front import ChatRequest, Rejected
 from gateway.generation_defaults import NEUTRAL, SamplingDefaults
+from gateway.logprobs import LogprobsRequest, logprobs_request, num_top_logprobs
 from gateway.media_fetch import MediaFetchPolicy, MediaURLError, load_media_url
 from gateway.prompt import ChatInput, MediaPart, TextPart
-from gateway.sampling_body import MAX_TOKENS_LIMIT, sampling_from_body
+from gateway.sampling_body import MAX_TOKENS_LIMIT
 from gateway.sampling_body import boolean as _boolean
 from gateway.sampling_body import integer as _integer
 from gateway.sampling_body import require as _require
-from gateway.tool_calls import parse_tool_calls
 from gateway.tools import (
     DEFAULT_TOOL_SETTINGS,
-    ToolRequest,
     ToolSettings,
     forced_call_grammar,
     history_fields,
@@ -28,8 +30,19 @@ from gateway.tools import (
 )
 from tessera.media import options_from_json
 from tessera.placeholders import Modality
+from tessera.v1 import common_pb2
 
 MAX_STOP_STRINGS = 4
+
+
+def sampling_from_body(
+    body: dict, logprobs: LogprobsRequest, defaults: SamplingDefaults = NEUTRAL
+) -> common_pb2.SamplingParams:
+    """Every sampling field (gateway/sampling_body.py), with the logprobs the endpoint's
+    own shape asked for (chat: a bool and top_logprobs; completions: an int)."""
+    sampling = sampling_body.sampling_from_body(body, defaults)
+    sampling.num_top_logprobs = num_top_logprobs(logprobs)
+    return sampling
 
 
 def stops_from_body(body: dict) -> list[str]:
@@ -48,8 +61,9 @@ def stops_from_body(body: dict) -> list[str]:
 
 
 def stream_settings(body: dict) -> tuple[bool, bool]:
-    """`stream` and `stream_options.include_usage`, both checked whether or not the
-    request streams (a typo in either is an error, not a silently different answer)."""
+    """`stream` and `stream_options.include_usage`. stream_options is checked, then
+    refused without `stream: true`, as vLLM does (else it would be silently ignored)."""
+    stream = _boolean(body, "stream")
     options = body.get("stream_options")
     _require(
         options is None or isinstance(options, dict),
@@ -57,8 +71,15 @@ def stream_settings(body: dict) -> tuple[bool, bool]:
         "stream_options",
     )
     options = options or {}
+    unknown = sorted(set(options) - {"include_usage"})
+    _require(not unknown, f"stream_options takes include_usage, not {unknown}", "stream_options")
     include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
-    return _boolean(body, "stream"), include_usage
+    _require(
+        body.get("stream_options") is None or stream,
+        "stream_options is only allowed with stream: true",
+        "stream_options",
+    )
+    return stream, include_usage
 
 
 async def messages_from_body(body: dict, policy: MediaFetchPolicy) -> list[ChatInput]:
@@ -180,27 +201,68 @@ def decode_base64(data: str) -> bytes | None:
         return None
 
 
-async def chat_request_from_body(
-    body: Any,
-    request_id: str,
-    policy: MediaFetchPolicy,
-    timeout_seconds: float,
-    defaults: SamplingDefaults = NEUTRAL,
-    tool_settings: ToolSettings = DEFAULT_TOOL_SETTINGS,
-) -> ChatRequest:
-    _require(isinstance(body, dict), "the body must be a JSON object", "body")
+@dataclass(frozen=True)
+class ChatBody:
+    """A parsed chat-completions body: the request of choice 0, and how to answer."""
+
+    chat: ChatRequest
+    n: int
+    logprobs: LogprobsRequest
+    stream: bool
+    include_usage: bool
+
+
+def request_basics(body: dict) -> tuple[str, str]:
+    """(model, cache_salt), the fields every generating endpoint reads alike."""
     model = body.get("model", "")
     _require(isinstance(model, str), "model must be a string", "model")
     salt = body.get("cache_salt", "")
     _require(isinstance(salt, str), "cache_salt must be a string", "cache_salt")
+    return model, salt
+
+
+def max_tokens_from_body(body: dict) -> int:
+    """max_completion_tokens (OpenAI's newer name) wins over max_tokens unless it is null;
+    0: until the context is full."""
+    max_tokens = _integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    max_completion_tokens = _integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
+    return max_completion_tokens or max_tokens or 0
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """The gateway's settings a chat body is read with."""
+
+    policy: MediaFetchPolicy
+    timeout_seconds: float
+    max_logprobs: int
+    defaults: SamplingDefaults = NEUTRAL  # from the checkpoint's generation_config
+    tool_settings: ToolSettings = DEFAULT_TOOL_SETTINGS
+
+
+async def chat_body(body: Any, request_id: str, settings: ChatSettings) -> ChatBody:
+    check_fields(body, fields.CHAT)
+    logprobs = logprobs_request(
+        body.get("logprobs"), body.get("top_logprobs"), settings.max_logprobs
+    )
+    chat = await chat_request_from_body(body, request_id, settings, logprobs)
+    stream, include_usage = stream_settings(body)
+    n = check_n(body.get("n"), chat.sampling.max_tokens)
+    return ChatBody(chat, n, logprobs, stream, include_usage)
+
+
+async def chat_request_from_body(
+    body: dict, request_id: str, settings: ChatSettings, logprobs: LogprobsRequest
+) -> ChatRequest:
+    model, salt = request_basics(body)
     kwargs = body.get("mm_processor_kwargs")
     try:
         # Only null is "none": false, 0 or "" are not an object of settings.
         processing_options = options_from_json({} if kwargs is None else kwargs)
     except ValueError as error:
         raise Rejected(f"mm_processor_kwargs {error}", param="mm_processor_kwargs") from None
-    sampling = sampling_from_body(body, defaults)
-    tools = tools_from_body(body, tool_settings)
+    sampling = sampling_from_body(body, logprobs, settings.defaults)
+    tools = tools_from_body(body, settings.tool_settings)
     forced = forced_call_grammar(tools) if tools else None
     if forced is not None:
         _require(
@@ -212,73 +274,12 @@ async def chat_request_from_body(
     return ChatRequest(
         request_id=request_id,
         model=model,
-        messages=await messages_from_body(body, policy),
+        messages=await messages_from_body(body, settings.policy),
         sampling=sampling,
         tools=tools,
         stop=stops_from_body(body),
         max_chunk_tokens=_integer(body, "max_chunk_tokens", 0, MAX_TOKENS_LIMIT) or 0,
         cache_salt=salt,
-        timeout_seconds=timeout_seconds,
+        timeout_seconds=settings.timeout_seconds,
         processing_options=processing_options,
     )
-
-
-def usage(outcome: Outcome) -> dict:
-    prompt_tokens = len(outcome.prompt.token_ids) if outcome.prompt else 0
-    cached = outcome.finished.decoder.usage.cached_prompt_tokens if outcome.finished else 0
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(outcome.token_ids),
-        "total_tokens": prompt_tokens + len(outcome.token_ids),
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def completion(
-    request_id: str, model: str, text: str, outcome: Outcome, tools: ToolRequest | None = None
-) -> dict:
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    finish_reason = outcome.finish_reason
-    if tools is not None and tools.parses_calls:
-        parsed = parse_tool_calls(text, None if tools.parallel else 1)
-        message["content"] = parsed.content
-        if parsed.tool_calls:
-            message["tool_calls"] = [call.to_dict() for call in parsed.tool_calls]
-            finish_reason = "tool_calls"
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": finish_reason,
-                "logprobs": None,
-            }
-        ],
-        "usage": usage(outcome),
-        "tessera": {"token_ids": outcome.token_ids},
-    }
-
-
-def chunk(request_id: str, model: str, delta: dict, finish_reason: str | None) -> dict:
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-    }
-
-
-def usage_chunk(request_id: str, model: str, outcome: Outcome) -> dict:
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-        "usage": usage(outcome),
-    }

@@ -40,6 +40,7 @@ class GenerationRequest:
     cache_salt: str = ""
     processing_options: Mapping[str, int] = field(default_factory=dict)
     tools: Sequence[dict] = ()  # for the chat template, OpenAI's shape
+    prompt_token_ids: Sequence[int] | None = None  # instead of messages when set
 
 
 @dataclass(frozen=True)
@@ -148,13 +149,16 @@ class GenerationPipeline:
     ) -> AsyncIterator[Prompt | TextEvent | FinishedEvent]:
         """The prompt as built, then text as it comes, then the end."""
         started = time.monotonic()
-        prompt = await asyncio.to_thread(
-            self.builder.build,
-            request.messages,
-            request.processing_options,
-            request.cache_salt,
-            request.tools,
-        )
+        if request.prompt_token_ids is not None:
+            prompt = self.builder.from_token_ids(request.prompt_token_ids)
+        else:
+            prompt = await asyncio.to_thread(
+                self.builder.build,
+                request.messages,
+                request.processing_options,
+                request.cache_salt,
+                request.tools,
+            )
         yield prompt
         encode_task = asyncio.create_task(self._encode_all(request, prompt.items))
         encode_task.add_done_callback(self._tell_encoded)

@@ -126,6 +126,16 @@ class PromptBuilder:
         rendered = _rendered(self.family.render_prompt, template_messages, list(tools) or None)
         return self._expand(rendered, prepared)
 
+    def from_token_ids(self, token_ids: Sequence[int]) -> Prompt:
+        """A prompt given as token ids (/v1/completions): no template and no media, so a
+        placeholder token (with no item behind it) or one outside the vocabulary is refused."""
+        outside = [t for t in token_ids if not 0 <= t < self.family.vocab_size]
+        if outside:
+            raise PromptError(
+                f"token id {outside[0]} is outside the vocabulary (size {self.family.vocab_size})"
+            )
+        return self._placed(list(token_ids), [])
+
     def _check_messages(self, messages: Sequence[ChatInput]) -> list[MediaPart]:
         if not messages:
             raise PromptError("messages is empty; send at least one message")

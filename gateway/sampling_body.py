@@ -13,7 +13,6 @@ from tessera.sampling import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
-    MAX_TOP_LOGPROBS,
     MIN_REPETITION_PENALTY,
 )
 from tessera.v1 import common_pb2
@@ -103,9 +102,8 @@ def sampling_from_body(
     seed = integer(body, "seed", 0, MAX_SEED)
     if seed is not None:
         sampling.seed = seed
-    top = integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-    if boolean(body, "logprobs"):
-        sampling.num_top_logprobs = max(1, top or 0)
+    # logprobs and top_logprobs are each endpoint's own (gateway/logprobs.py): a bool for
+    # chat, an int for completions.
     structured = structured_output_from_body(body)
     if structured is not None:
         sampling.structured_output.CopyFrom(structured)

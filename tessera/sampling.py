@@ -26,6 +26,8 @@ MAX_REPETITION_PENALTY = 2.0
 MIN_REPETITION_PENALTY = 1 / 64
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_LOGIT_BIAS = 100.0
+# The gateway's --max-logprobs default (vLLM's): at most MAX_TOP_LOGPROBS.
+DEFAULT_MAX_LOGPROBS = 20
 
 
 def check_sampling(params: common_pb2.SamplingParams) -> None:

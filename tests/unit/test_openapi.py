@@ -14,7 +14,16 @@ import schemathesis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import access_log, http_server, openai_api, sampling_body, structured, tools
+from gateway import (
+    access_log,
+    completions_api,
+    fields,
+    http_server,
+    openai_api,
+    sampling_body,
+    structured,
+    tools,
+)
 from gateway.openapi import DOCUMENT
 
 SCHEMAS = DOCUMENT["components"]["schemas"]
@@ -61,7 +70,29 @@ def documented(schema: dict) -> set[str]:
 def test_the_request_fields_read_are_the_fields_documented():
     read = fields_read("body", openai_api, sampling_body, http_server, structured, tools)
     assert "messages" in read and "stream" in read  # the scan sees both modules
-    assert read == documented(SCHEMAS["ChatCompletionRequest"])
+    assert read == fields.CHAT_IMPLEMENTED
+    assert read | set(fields.CHAT_NO_OPS) == documented(SCHEMAS["ChatCompletionRequest"])
+
+
+def test_the_completions_fields_documented_are_the_registry():
+    accepted = fields.COMPLETIONS_IMPLEMENTED | set(fields.COMPLETIONS_NO_OPS)
+    assert documented(SCHEMAS["CompletionRequest"]) == accepted
+    assert fields_read("body", completions_api) <= fields.COMPLETIONS_IMPLEMENTED
+
+
+def test_the_token_endpoints_fields_documented_are_the_registry():
+    assert documented(SCHEMAS["TokenizeRequest"]) == fields.TOKENIZE.accepted
+    assert documented(SCHEMAS["DetokenizeRequest"]) == fields.DETOKENIZE.accepted
+
+
+def test_refused_fields_are_neither_accepted_nor_documented():
+    for endpoint, schema in [
+        (fields.CHAT, "ChatCompletionRequest"),
+        (fields.COMPLETIONS, "CompletionRequest"),
+    ]:
+        assert not set(endpoint.refused) & endpoint.accepted
+        assert not set(endpoint.refused) & documented(SCHEMAS[schema])
+        assert SCHEMAS[schema]["additionalProperties"] is False
 
 
 @pytest.mark.parametrize(
@@ -169,7 +200,9 @@ def test_a_full_request_is_valid():
     "change",
     [
         {"messages": []},
-        {"n": 2},
+        {"n": 17},
+        {"unknown_field": 1},
+        {"store": True},
         {"temperature": 2.5},
         {"max_tokens": 0},
         {"stop": ["a", "b", "c", "d", "e"]},

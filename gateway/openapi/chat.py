@@ -1,37 +1,70 @@
-"""The OpenAPI 3.1 document of the gateway's HTTP API, served at `GET /openapi.json`.
-
-It describes what `openai_api` and `http_server` do, no more: every bound below comes
-from the constant the gateway checks, tests/unit/test_openapi.py fails when the
-gateway reads a request field this document does not name, and
-tests/service/test_http_fuzz.py sends what it generates from it (and what it violates)
-to a running gateway.
-"""
+"""The chat-completion schemas: request, message, content parts, response, chunk, error."""
 
 from __future__ import annotations
 
-import json
-
 from gateway import openai_api, sampling_body, structured
-from gateway.openapi_schema import Schema, int_field, nullable, number_field, sampling_schema
+from gateway.choices import MAX_CHOICES, MAX_TOTAL_TOKENS
+from gateway.openapi.common import Schema, _integer, _nullable, _ref
+from gateway.openapi_schema import int_field, nullable, number_field, sampling_schema
 from gateway.openapi_tools import (
     message_tool_fields,
     message_tool_rules,
-    tool,
-    tool_call,
     tool_call_delta,
     tool_request_fields,
 )
-from tessera import __version__
-from tessera.limits import MAX_REQUEST_ID_CHARS
-from tessera.placeholders import Modality
 from tessera.sampling import MAX_TOP_LOGPROBS
 
-OPENAPI_PATH = "/openapi.json"
-_REF = "#/components/schemas/"
+_INDEX = {"type": "integer", "minimum": 0, "maximum": MAX_CHOICES - 1}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 
 
-def _ref(name: str) -> Schema:
-    return {"$ref": _REF + name}
+def _nullable_ref(name: str) -> Schema:
+    return {"anyOf": [_ref(name), {"type": "null"}]}
+
+
+def _no_op_fields() -> Schema:
+    """gateway/fields.py's CHAT_NO_OPS: accepted and ignored, only harmless values."""
+    return {
+        "user": _nullable({"type": "string", "description": "Ignored (OpenAI's abuse id)."}),
+        "metadata": _nullable(
+            {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "Ignored.",
+            }
+        ),
+        "store": {"enum": [False, None], "description": "Completions are not stored here."},
+        "service_tier": {"enum": ["auto", "default", None], "description": "One tier here."},
+    }
+
+
+def logprob_schemas() -> dict[str, Schema]:
+    entry = {
+        "type": "object",
+        "required": ["token", "logprob", "bytes"],
+        "properties": {
+            "token": {"type": "string"},
+            "logprob": {"type": "number"},
+            "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}},
+        },
+    }
+    with_top = {
+        **entry,
+        "required": [*entry["required"], "top_logprobs"],
+        "properties": {
+            **entry["properties"],
+            "top_logprobs": {"type": "array", "maxItems": MAX_TOP_LOGPROBS, "items": entry},
+        },
+    }
+    return {
+        "ChatLogprobs": {
+            "type": "object",
+            "description": "Per generated token: its log-probability and the most likely "
+            "alternatives, most likely first.",
+            "required": ["content"],
+            "properties": {"content": {"type": "array", "items": with_top}},
+        }
+    }
 
 
 def _media_url_part(kind: str, description: str) -> Schema:
@@ -128,8 +161,8 @@ def _chat_request() -> Schema:
     return {
         "type": "object",
         "description": (
-            "OpenAI's chat-completion request, as far as the gateway implements it. Other "
-            "fields are accepted and ignored, as OpenAI-compatible servers do."
+            "OpenAI's chat-completion request, as far as the gateway implements it. Any "
+            "other field is refused (400 naming it)."
         ),
         "required": ["messages"],
         "properties": {
@@ -162,17 +195,27 @@ def _chat_request() -> Schema:
                 ],
                 "description": "Generation ends where the text first contains one (cut off).",
             },
-            "n": int_field(1, 1, "Only one choice per request."),
-            "stream": nullable({"type": "boolean", "description": "Server-sent events."}),
-            "stream_options": nullable(
+            "n": _integer(
+                1,
+                MAX_CHOICES,
+                f"Choices; n * max_tokens at most {MAX_TOTAL_TOKENS}. Choice i samples with "
+                "seed + i.",
+            ),
+            "stream": _nullable({"type": "boolean", "description": "Server-sent events."}),
+            "stream_options": _nullable(
                 {
                     "type": "object",
                     "properties": {"include_usage": nullable({"type": "boolean"})},
                 }
             ),
-            "logprobs": nullable({"type": "boolean"}),
-            "top_logprobs": int_field(0, MAX_TOP_LOGPROBS, "Alternatives per token."),
-            "mm_processor_kwargs": nullable(
+            "logprobs": _nullable({"type": "boolean"}),
+            "top_logprobs": _integer(
+                0,
+                MAX_TOP_LOGPROBS,
+                "Alternatives per token, with logprobs: true; at most --max-logprobs.",
+            ),
+            **_no_op_fields(),
+            "mm_processor_kwargs": _nullable(
                 {
                     "type": "object",
                     "description": (
@@ -198,7 +241,7 @@ def _chat_request() -> Schema:
             **structured.openapi_fields(),
             **tool_request_fields(),
         },
-        "additionalProperties": True,
+        "additionalProperties": False,
     }
 
 
@@ -234,12 +277,12 @@ def _completion() -> Schema:
             "choices": {
                 "type": "array",
                 "minItems": 1,
-                "maxItems": 1,
+                "maxItems": MAX_CHOICES,
                 "items": {
                     "type": "object",
                     "required": ["index", "message", "finish_reason"],
                     "properties": {
-                        "index": {"const": 0},
+                        "index": _INDEX,
                         "message": {
                             "type": "object",
                             "required": ["role", "content"],
@@ -250,15 +293,28 @@ def _completion() -> Schema:
                             },
                         },
                         "finish_reason": _FINISH_REASON,
-                        "logprobs": {"type": "null"},
+                        "logprobs": _nullable_ref("ChatLogprobs"),
                     },
                 },
             },
             "usage": _ref("Usage"),
             "tessera": {
                 "type": "object",
-                "description": "The generated token ids.",
-                "properties": {"token_ids": {"type": "array", "items": {"type": "integer"}}},
+                "description": "The generated token ids (choice 0's), and per choice its ids "
+                "and cached prompt tokens.",
+                "properties": {
+                    "token_ids": _TOKEN_IDS,
+                    "choices": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "token_ids": _TOKEN_IDS,
+                                "cached_tokens": {"type": "integer", "minimum": 0},
+                            },
+                        },
+                    },
+                },
             },
         },
     }
@@ -281,7 +337,8 @@ def _chunk() -> Schema:
                     "type": "object",
                     "required": ["index", "delta", "finish_reason"],
                     "properties": {
-                        "index": {"const": 0},
+                        "index": _INDEX,
+                        "logprobs": _nullable_ref("ChatLogprobs"),
                         "delta": {
                             "type": "object",
                             "properties": {
@@ -320,229 +377,3 @@ def _error_response() -> Schema:
         "properties": {"error": _ref("Error")},
         "additionalProperties": False,
     }
-
-
-def _stream_event() -> Schema:
-    """One server-sent event: `data:` is a chunk, an error (after the first token an error
-    can only be an event) or the closing `[DONE]`."""
-    payload = {"anyOf": [_ref("ChatCompletionChunk"), _ref("ErrorResponse")]}
-    return {
-        "type": "object",
-        "required": ["data"],
-        "properties": {
-            "data": {
-                "anyOf": [
-                    {"const": "[DONE]"},
-                    {
-                        "type": "string",
-                        "contentMediaType": "application/json",
-                        "contentSchema": payload,
-                    },
-                ]
-            }
-        },
-    }
-
-
-_REQUEST_ID_HEADER = {
-    "description": "The request's id: the X-Request-Id sent, or one the gateway made.",
-    "schema": {"type": "string"},
-}
-
-
-def _json(schema: Schema, description: str, headers: dict | None = None) -> Schema:
-    response: Schema = {
-        "description": description,
-        "content": {"application/json": {"schema": schema}},
-    }
-    if headers:
-        response["headers"] = headers
-    return response
-
-
-def _error_responses() -> dict[str, Schema]:
-    error = _ref("ErrorResponse")
-    request_id = {"X-Request-Id": _REQUEST_ID_HEADER}
-    retry_after = {
-        "Retry-After": {
-            "description": "Seconds to wait before retrying.",
-            "required": True,
-            "schema": {"type": "string", "pattern": "^[0-9]+$"},
-        }
-    }
-    return {
-        "400": _json(error, "Bad input; the message says what to fix.", request_id),
-        "401": _json(
-            error,
-            "An API key is configured and the request has none, or an unknown one "
-            '(code "invalid_api_key").',
-            request_id,
-        ),
-        "404": _json(error, "A backend answered NOT_FOUND.", request_id),
-        "413": _json(error, "The body is larger than --max-request-bytes.", request_id),
-        "429": _json(
-            error,
-            "More than --max-queued-requests wait for their first token.",
-            {**request_id, **retry_after},
-        ),
-        "500": _json(error, "A backend failed in a way the gateway has no status for.", request_id),
-        "503": _json(error, "No backend could serve the request.", request_id),
-        "504": _json(error, "The request took longer than its deadline.", request_id),
-    }
-
-
-def _chat_operation() -> Schema:
-    return {
-        "summary": "Chat completion (OpenAI-compatible), with images and audio",
-        "operationId": "createChatCompletion",
-        "parameters": [
-            {
-                "name": "X-Request-Id",
-                "in": "header",
-                "required": False,
-                "description": "The request's id in logs and metrics; echoed back.",
-                "schema": {
-                    "type": "string",
-                    "pattern": f"^[!-~]{{0,{MAX_REQUEST_ID_CHARS}}}$",
-                },
-            }
-        ],
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": _ref("ChatCompletionRequest"),
-                    "example": {
-                        "messages": [{"role": "user", "content": "Hello"}],
-                        "max_tokens": 4,
-                        "temperature": 0,
-                    },
-                }
-            },
-        },
-        "responses": {
-            "200": {
-                "description": "The completion; with stream, server-sent events ending in "
-                "`data: [DONE]`.",
-                "headers": {"X-Request-Id": _REQUEST_ID_HEADER},
-                "content": {
-                    "application/json": {"schema": _ref("ChatCompletion")},
-                    "text/event-stream": {"schema": _stream_event()},
-                },
-            },
-            **_error_responses(),
-        },
-    }
-
-
-def _models_operation() -> Schema:
-    model = {
-        "type": "object",
-        "required": ["id", "object", "created", "owned_by", "input_modalities"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "model"},
-            "created": {"type": "integer"},
-            "owned_by": {"type": "string"},
-            "input_modalities": {
-                "type": "array",
-                "items": {"enum": ["text", *(m.value for m in Modality)]},
-            },
-        },
-    }
-    listing = {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": model}},
-    }
-    return {
-        "summary": "The served model names, with the inputs each takes",
-        "operationId": "listModels",
-        "responses": {
-            "200": _json(listing, "The models."),
-            "401": _json(_ref("ErrorResponse"), "An API key is configured and missing."),
-        },
-    }
-
-
-def _ready_responses() -> dict[str, Schema]:
-    body = {
-        "type": "object",
-        "required": ["ready", "backends"],
-        "properties": {
-            "ready": {"type": "boolean"},
-            "backends": {"type": "object", "additionalProperties": {"type": "boolean"}},
-        },
-    }
-    return {
-        "200": _json(body, "Every encoder and decoder address answers SERVING."),
-        "503": _json(body, "Some backend does not; `backends` says which."),
-    }
-
-
-def _plain_get(operation_id: str, summary: str, responses: dict[str, Schema]) -> Schema:
-    # Open whatever keys the gateway has: probes and scrapers carry none.
-    operation = {"summary": summary, "operationId": operation_id, "responses": responses}
-    return {"get": {**operation, "security": []}}
-
-
-def _paths() -> dict[str, Schema]:
-    health = {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}}
-    metrics = {
-        "description": "Prometheus text exposition.",
-        "content": {"text/plain": {"schema": {"type": "string"}}},
-    }
-    document = _json({"type": "object"}, "This document.")
-    return {
-        "/v1/chat/completions": {"post": _chat_operation()},
-        "/v1/models": {"get": _models_operation()},
-        "/health": _plain_get(
-            "health", "The gateway's process is up", {"200": _json(health, "Up.")}
-        ),
-        "/ready": _plain_get("ready", "Every backend answers its health check", _ready_responses()),
-        "/metrics": _plain_get("metrics", "Prometheus metrics", {"200": metrics}),
-        OPENAPI_PATH: _plain_get("openapi", "This OpenAPI document", {"200": document}),
-    }
-
-
-def build_document() -> Schema:
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "Tessera gateway",
-            "version": __version__,
-            "description": (
-                "The OpenAI-compatible HTTP API of Tessera's gateway. Errors are "
-                '{"error": {"message", "type", "param", "code"}}.'
-            ),
-        },
-        "paths": _paths(),
-        "components": {
-            "schemas": {
-                "ChatCompletionRequest": _chat_request(),
-                "Message": _message(),
-                **_content_parts(),
-                "ChatCompletion": _completion(),
-                "ChatCompletionChunk": _chunk(),
-                "Usage": _usage(),
-                "ToolCall": tool_call(),
-                "Tool": tool(),
-                "Error": _error(),
-                "ErrorResponse": _error_response(),
-            },
-            "securitySchemes": {
-                "apiKey": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "One of the gateway's --api-key keys, when it has any.",
-                }
-            },
-        },
-        # /v1 operations take a key when the gateway is given keys, and none otherwise.
-        "security": [{"apiKey": []}, {}],
-    }
-
-
-DOCUMENT: Schema = build_document()
-# Rendered once: the document never changes while the gateway runs.
-DOCUMENT_JSON: bytes = json.dumps(DOCUMENT).encode()
