@@ -81,7 +81,6 @@ def sampling_from_body(
 ) -> common_pb2.SamplingParams:
     """`defaults` fill the fields the body leaves unset (from the checkpoint's
     generation_config, with --generation-config auto)."""
-    integer(body, "n", 1, 1, "only n=1 is supported")
     # Both are checked; max_completion_tokens (OpenAI's newer name) wins unless it is null.
     max_tokens = integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
     max_completion_tokens = integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
