@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,3 +108,32 @@ class Cluster:
         child = self.child(name)
         child.process.send_signal(signal.SIGTERM)
         return child.process.wait(30)
+
+
+@contextmanager
+def http_gateway(cluster: Cluster, model_dir, *extra: str) -> Iterator[Cluster]:
+    """A gateway of its own (`extra`: its flags) with the HTTP API, in front of
+    `cluster`'s encoder and decoder; its base URL is `.http`. Stopped on leaving."""
+    own = Cluster()
+    port = free_port()
+    try:
+        own.start(
+            "gateway",
+            "gateway",
+            [
+                "--model",
+                str(model_dir),
+                "--encoders",
+                cluster.address("encoder"),
+                "--decoders",
+                cluster.address("decoder"),
+                "--http-port",
+                str(port),
+                *extra,
+            ],
+        )
+        own.wait_ready()
+        own.http = f"http://127.0.0.1:{port}"
+        yield own
+    finally:
+        own.stop()

@@ -19,7 +19,7 @@ from gateway import openapi
 from tessera.client import Client, Message
 from tessera.launcher import free_port
 from tessera.v1 import common_pb2
-from tests.cluster import Cluster
+from tests.cluster import Cluster, http_gateway
 from tests.reference import assert_greedy_match, noise_image
 
 IMAGE_A = noise_image(1001, 40, 30)
@@ -64,40 +64,23 @@ def media_server():
 @pytest.fixture(scope="module")
 def api(cluster, demo_model_dir):
     """A gateway with the HTTP API in front of the session's encoder and decoder."""
-    own = Cluster()
-    port = free_port()
-    own.start(
-        "gateway",
-        "gateway",
-        [
-            "--model",
-            str(demo_model_dir),
-            "--encoders",
-            cluster.address("encoder"),
-            "--decoders",
-            cluster.address("decoder"),
-            "--http-port",
-            str(port),
-            "--served-model-name",
-            "tessera-demo",
-            "--allowed-media-domains",
-            "localhost,127.0.0.1,169.254.169.254",
-            "--allow-private-media-hosts",
-            "localhost",
-            "--media-fetch-timeout-seconds",
-            "1",
-            "--limit-mm-per-prompt",
-            "3",
-            "--max-request-bytes",
-            str(1 << 20),
-        ],
-    )
-    try:
-        own.wait_ready()
-        own.http = f"http://127.0.0.1:{port}"
+    with http_gateway(
+        cluster,
+        demo_model_dir,
+        "--served-model-name",
+        "tessera-demo",
+        "--allowed-media-domains",
+        "localhost,127.0.0.1,169.254.169.254",
+        "--allow-private-media-hosts",
+        "localhost",
+        "--media-fetch-timeout-seconds",
+        "1",
+        "--limit-mm-per-prompt",
+        "3",
+        "--max-request-bytes",
+        str(1 << 20),
+    ) as own:
         yield own
-    finally:
-        own.stop()
 
 
 @pytest.fixture(scope="module")

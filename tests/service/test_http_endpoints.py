@@ -14,8 +14,7 @@ import torch
 
 from gateway import fields
 from tessera import __version__
-from tessera.launcher import free_port
-from tests.cluster import Cluster
+from tests.cluster import http_gateway
 
 MODEL = "tessera-demo"
 MAX_LOGPROBS = 5
@@ -24,32 +23,15 @@ PROMPT = [("user", ["Count: one two"])]
 
 @pytest.fixture(scope="module")
 def api(cluster, demo_model_dir):
-    own = Cluster()
-    port = free_port()
-    own.start(
-        "gateway",
-        "gateway",
-        [
-            "--model",
-            str(demo_model_dir),
-            "--encoders",
-            cluster.address("encoder"),
-            "--decoders",
-            cluster.address("decoder"),
-            "--http-port",
-            str(port),
-            "--served-model-name",
-            MODEL,
-            "--max-logprobs",
-            str(MAX_LOGPROBS),
-        ],
-    )
-    try:
-        own.wait_ready()
-        own.http = f"http://127.0.0.1:{port}"
+    with http_gateway(
+        cluster,
+        demo_model_dir,
+        "--served-model-name",
+        MODEL,
+        "--max-logprobs",
+        str(MAX_LOGPROBS),
+    ) as own:
         yield own
-    finally:
-        own.stop()
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,8 @@ from gateway.metrics import FinishedRequest, GatewayMetrics
 from gateway.pipeline import ItemSources
 from gateway.stats_log import StatsLogger, decoders_stats
 from tessera.client import Client, Message
-from tessera.launcher import free_port
 from tessera.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.cluster import Cluster
+from tests.cluster import http_gateway
 from tests.reference import noise_image
 
 MODEL = "obs-model"
@@ -31,34 +30,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def stack(cluster, demo_model_dir):
-    own = Cluster()
-    port = free_port()
-    own.start(
-        "gateway",
-        "gateway",
-        [
-            "--model",
-            str(demo_model_dir),
-            "--encoders",
-            cluster.address("encoder"),
-            "--decoders",
-            cluster.address("decoder"),
-            "--http-port",
-            str(port),
-            "--served-model-name",
-            MODEL,
-            "--log-format",
-            "json",
-            "--log-stats-interval",
-            "0",
-        ],
-    )
-    try:
-        own.wait_ready()
-        own.http = f"http://127.0.0.1:{port}"
+    with http_gateway(
+        cluster,
+        demo_model_dir,
+        "--served-model-name",
+        MODEL,
+        "--log-format",
+        "json",
+        "--log-stats-interval",
+        "0",
+    ) as own:
         yield own
-    finally:
-        own.stop()
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -214,8 +196,11 @@ def test_a_repeated_image_hits_the_encoders_memory_tier(stack):
     assert post(stack, {"messages": messages}, "obs-img-1").status_code == 200
     first = gateway_metrics(stack)
     assert delta(first_before, first, g(queries, tier="memory")) == 1
-    assert delta(first_before, first, g(hits, tier="memory")) == 0
-    assert delta(first_before, first, g(queries, tier="redis")) == 1  # memory missed it
+    # A new item: memory misses it and Redis is asked, unless the decoder's fetch reached
+    # the encoder first and started its encode, which the gateway's Encode then joins (a
+    # memory hit). Which one happens is a race; that exactly one does is not.
+    first_memory_hits = delta(first_before, first, g(hits, tier="memory"))
+    assert first_memory_hits + delta(first_before, first, g(queries, tier="redis")) == 1
     request_id = f"obs-img-{uuid.uuid4().hex[:8]}"
     assert post(stack, {"messages": messages}, request_id).status_code == 200
     second = gateway_metrics(stack)

@@ -18,7 +18,7 @@ from PIL import Image
 from tessera.client import Client, Message
 from tessera.launcher import free_port
 from tessera.v1 import common_pb2
-from tests.cluster import Cluster
+from tests.cluster import http_gateway
 from tests.reference import noise_image, to_template
 
 TESSERA = [sys.executable, "-m", "tessera.cli"]
@@ -121,35 +121,18 @@ IMAGE = noise_image(77, 40, 30)
 def gateway(cluster, demo_model_dir, tmp_path_factory):
     template = tmp_path_factory.mktemp("template") / "chat.jinja"
     template.write_text(TEMPLATE)
-    own = Cluster()
-    port = free_port()
-    own.start(
-        "gateway",
-        "gateway",
-        [
-            "--model",
-            str(demo_model_dir),
-            "--encoders",
-            cluster.address("encoder"),
-            "--decoders",
-            cluster.address("decoder"),
-            "--http-port",
-            str(port),
-            "--served-model-name",
-            "alpha",
-            "beta",
-            "--limit-mm-per-prompt",
-            '{"image": 1}',
-            "--chat-template",
-            str(template),
-        ],
-    )
-    try:
-        own.wait_ready()
-        own.http = f"http://127.0.0.1:{port}"
+    with http_gateway(
+        cluster,
+        demo_model_dir,
+        "--served-model-name",
+        "alpha",
+        "beta",
+        "--limit-mm-per-prompt",
+        '{"image": 1}',
+        "--chat-template",
+        str(template),
+    ) as own:
         yield own
-    finally:
-        own.stop()
 
 
 def chat(gateway, content: list, **fields) -> httpx.Response:

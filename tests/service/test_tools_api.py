@@ -10,8 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tessera.launcher import free_port
-from tests.cluster import Cluster
+from tests.cluster import http_gateway
 
 WEATHER_PARAMETERS = {
     "type": "object",
@@ -47,29 +46,12 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 def api(cluster, demo_model_dir):
     """A gateway with the HTTP API and auto tool choice, in front of the session's
     encoder and decoder."""
-    own = Cluster()
-    port = free_port()
-    own.start(
-        "gateway",
-        "gateway",
-        [
-            "--model",
-            str(demo_model_dir),
-            "--encoders",
-            cluster.address("encoder"),
-            "--decoders",
-            cluster.address("decoder"),
-            "--http-port",
-            str(port),
-            "--enable-auto-tool-choice",
-        ],
-    )
-    try:
-        own.wait_ready()
-        own.http = f"http://127.0.0.1:{port}"
+    with http_gateway(
+        cluster,
+        demo_model_dir,
+        "--enable-auto-tool-choice",
+    ) as own:
         yield own
-    finally:
-        own.stop()
 
 
 @pytest.fixture(scope="module")
