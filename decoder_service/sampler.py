@@ -104,7 +104,19 @@ def apply_min_tokens(logits: torch.Tensor, rows: Sequence[SamplerRow]) -> None:
     for i, row in enumerate(rows):
         if row.num_output_tokens < row.options.min_tokens and row.min_tokens_suppress:
             ids = torch.tensor(row.min_tokens_suppress, dtype=torch.long, device=logits.device)
+            if _grammar_can_only_end(row.allowed_tokens_mask, ids):
+                continue  # a finished structure wins over min_tokens: no token is left else
             logits[i, ids] = NEG_INF
+
+
+def _grammar_can_only_end(mask: torch.Tensor | None, end_ids: torch.Tensor) -> bool:
+    """True when a grammar's mask allows nothing but the ids min_tokens holds back (e.g.
+    a JSON value complete before min_tokens): holding them back would leave no token."""
+    if mask is None:
+        return False
+    others = mask.clone()
+    others[end_ids] = False
+    return not bool(others.any())
 
 
 def _penalized(rows: Sequence[SamplerRow], wants) -> list[int]:

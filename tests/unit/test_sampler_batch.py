@@ -206,6 +206,24 @@ def test_allowed_tokens_mask_is_applied_after_every_processor():
     assert tokens[1].token_id in (8, 20)
 
 
+def test_min_tokens_yields_to_a_grammar_that_can_only_end():
+    """min_tokens holds EOS back while the grammar allows another token; once the grammar
+    allows only EOS, EOS is sampled (not a row with every logit -inf)."""
+    only_eos, eos_or_other = (
+        torch.zeros(VOCAB, dtype=torch.bool),
+        torch.zeros(VOCAB, dtype=torch.bool),
+    )
+    only_eos[EOS[0]] = True
+    eos_or_other[[EOS[0], 17]] = True
+    logits = random_logits(2)
+    logits[:, EOS[0]] = 50.0  # EOS would win wherever it is allowed
+    rows = [
+        dataclasses.replace(row(num_output=1, min_tokens=9), allowed_tokens_mask=only_eos),
+        dataclasses.replace(row(num_output=1, min_tokens=9), allowed_tokens_mask=eos_or_other),
+    ]
+    assert [t.token_id for t in sample_batch(logits, rows)] == [EOS[0], 17]
+
+
 def test_token_counts_grow_with_each_added_token():
     counts = TokenCounts(VOCAB, [1, 1, 2], torch.device("cpu"))
     assert counts.seen[[1, 2]].all() and not counts.seen[3] and not counts.output.any()
