@@ -24,6 +24,7 @@ from gateway.pipeline import (
 )
 from gateway.prompt import ChatInput, Prompt, PromptError
 from gateway.stops import StopMatcher
+from gateway.tool_calls import parse_tool_calls
 from tessera.hashing import framed_digest
 from tessera.limits import check_cache_salt
 from tessera.sampling import check_sampling
@@ -161,6 +162,8 @@ class GatewayFront:
         admitted = waiting = False
         last_token: float | None = None
         stops = StopMatcher(request.stop)
+        # The text, kept only where tool calls are parsed: their finish is "tool_calls".
+        texts: list[str] | None = [] if request.tools and request.tools.parses_calls else None
         try:
             cache_salt = self._admit(request)
             admitted = waiting = True
@@ -187,6 +190,8 @@ class GatewayFront:
                     if isinstance(event, FinishedEvent):
                         tail = stops.flush()
                         if tail:
+                            if texts is not None:
+                                texts.append(tail)
                             yield tail, TextEvent(tail, decoder_pb2.TokenBatch())
                         outcome.finished = event
                         outcome.finish_reason = _finish_reason(event)
@@ -202,11 +207,16 @@ class GatewayFront:
                         last_token = now
                         outcome.token_ids += event.tokens.token_ids
                         outcome.logprobs += event.tokens.logprobs
-                    yield stops.add(event.text), event
+                    text = stops.add(event.text)
+                    if texts is not None:
+                        texts.append(text)
+                    yield text, event
                     if stops.stopped:
                         # Our own cancel of the decoder: a stop, not an abort.
                         outcome.finish_reason = "stop"
                         break
+            if texts is not None and _has_tool_calls(request.tools, "".join(texts)):
+                outcome.finish_reason = "tool_calls"
             end.outcome = "ok"
         except Rejected as error:
             end.code = error.code
@@ -279,6 +289,10 @@ class RequestEnd:
     code: grpc.StatusCode = grpc.StatusCode.OK
     ttft_seconds: float | None = None
     seconds: float = 0.0
+
+
+def _has_tool_calls(tools: ToolRequest, text: str) -> bool:
+    return bool(parse_tool_calls(text, None if tools.parallel else 1).tool_calls)
 
 
 def _finish_reason(event: FinishedEvent) -> str:

@@ -137,3 +137,19 @@ def http_gateway(cluster: Cluster, model_dir, *extra: str) -> Iterator[Cluster]:
         yield own
     finally:
         own.stop()
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    """Every sample of a Prometheus endpoint as `name{label=value,...}` (labels sorted)
+    -> value."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=10).text
+    return {
+        sample.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())) + "}": (
+            sample.value
+        )
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }

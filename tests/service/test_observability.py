@@ -14,14 +14,13 @@ import grpc
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import FinishedRequest, GatewayMetrics
 from gateway.pipeline import ItemSources
 from gateway.stats_log import StatsLogger, decoders_stats
 from tessera.client import Client, Message
 from tessera.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.cluster import http_gateway
+from tests.cluster import http_gateway, scrape_metrics
 from tests.reference import noise_image
 
 MODEL = "obs-model"
@@ -43,24 +42,12 @@ def stack(cluster, demo_model_dir):
         yield own
 
 
-def scrape(url: str) -> dict[str, float]:
-    """Every sample as `name{label=value,...}` (labels sorted) -> value."""
-    text = httpx.get(url, timeout=10).text
-    return {
-        sample.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())) + "}": (
-            sample.value
-        )
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
 def gateway_metrics(stack) -> dict[str, float]:
-    return scrape(stack.http + "/metrics")
+    return scrape_metrics(stack.http + "/metrics")
 
 
 def decoder_metrics(cluster) -> dict[str, float]:
-    return scrape(f"http://127.0.0.1:{cluster.metrics_ports['decoder']}/metrics")
+    return scrape_metrics(f"http://127.0.0.1:{cluster.metrics_ports['decoder']}/metrics")
 
 
 def g(name: str, **labels: str) -> str:
@@ -275,7 +262,7 @@ def test_the_dashboard_queries_only_documented_exported_metrics(stack, cluster):
         for name in re.findall(r"\btessera_[a-z0-9_]+", expr)
     }
     documented = (REPO / "docs/metrics.md").read_text()
-    encoder = scrape(f"http://127.0.0.1:{cluster.metrics_ports['encoder']}/metrics")
+    encoder = scrape_metrics(f"http://127.0.0.1:{cluster.metrics_ports['encoder']}/metrics")
     exported = {
         re.sub(r"_(bucket|count|sum)\{.*$|\{.*$", "", key)
         for samples in (gateway_metrics(stack), decoder_metrics(cluster), encoder)

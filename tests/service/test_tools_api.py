@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.cluster import http_gateway
+from tests.cluster import http_gateway, scrape_metrics
 
 WEATHER_PARAMETERS = {
     "type": "object",
@@ -74,7 +74,8 @@ def check_calls(calls, allowed: set[str]) -> None:
         ("required", {"get_weather", "get_time"}),
     ],
 )
-def test_forced_choice_returns_calls_that_validate(client, tool_choice, allowed):
+def test_forced_choice_returns_calls_that_validate(api, client, tool_choice, allowed):
+    before = tool_call_finishes(api)
     response = client.chat.completions.create(
         model="",
         messages=MESSAGES,
@@ -88,6 +89,17 @@ def test_forced_choice_returns_calls_that_validate(client, tool_choice, allowed)
     assert choice.message.content is None
     assert len(choice.message.tool_calls) == 1
     check_calls(choice.message.tool_calls, allowed)
+    assert tool_call_finishes(api) == before + 1  # the metric says so too
+
+
+def tool_call_finishes(api) -> float:
+    """The gateway's requests that finished with tool calls, whatever the model's name."""
+    return sum(
+        value
+        for key, value in scrape_metrics(api.http + "/metrics").items()
+        if key.startswith("tessera_gateway_request_success_total{")
+        and "finished_reason=tool_calls" in key
+    )
 
 
 def test_streamed_call_deltas_reassemble_to_the_whole_answer(client):
