@@ -22,8 +22,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import llguidance
@@ -31,8 +29,12 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
-from tessera.sampling import check_structured_output
-from tessera.v1 import common_pb2
+from tessera.grammar_spec import (  # noqa: F401 (the engine's entry points, re-exported)
+    GrammarKind,
+    GrammarSpec,
+    grammar_spec_from_proto,
+    grammar_text,
+)
 
 # A caller is hostile: the text is bounded (tessera.limits.MAX_GRAMMAR_CHARS) before
 # anything parses it, and llguidance's own limits bound what compiling and each step's
@@ -49,54 +51,6 @@ _LIMITS = dict(
     verbose_errors=False,
 )
 _BIT_POSITIONS = torch.arange(32, dtype=torch.int32)
-
-
-class GrammarKind(Enum):
-    JSON_SCHEMA = "json_schema"
-    JSON_OBJECT = "json_object"
-    REGEX = "regex"
-    LARK = "lark"
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What the output must follow: `text` is the schema, regex or Lark grammar (empty for
-    any JSON object). Hashable: it is the compile cache's key."""
-
-    kind: GrammarKind
-    text: str = ""
-
-
-# Any JSON object: the same compiler as a schema, so both behave alike.
-_ANY_OBJECT_SCHEMA = '{"type": "object"}'
-# JSON is written in one line with json.dumps' separators: free whitespace lets a weak
-# model emit newlines forever and never close the object. (A schema's own "x-guidance"
-# options, llguidance's extension, may still ask for other whitespace.)
-_JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def grammar_spec_from_proto(message: common_pb2.StructuredOutput) -> GrammarSpec | None:
-    """None when no kind is set (unconstrained). Raises ValueError naming the field."""
-    check_structured_output(message)
-    kind = message.WhichOneof("kind")
-    if kind is None:
-        return None
-    if kind == "json_object":
-        return GrammarSpec(GrammarKind.JSON_OBJECT)
-    return GrammarSpec(GrammarKind(kind), getattr(message, kind))
-
-
-def _grammar_text(spec: GrammarSpec) -> str:
-    """llguidance's grammar for `spec` (not yet checked: building a matcher checks it)."""
-    if spec.kind is GrammarKind.JSON_OBJECT:
-        return llguidance.LLMatcher.grammar_from_json_schema(
-            _ANY_OBJECT_SCHEMA, defaults=_JSON_DEFAULTS
-        )
-    if spec.kind is GrammarKind.JSON_SCHEMA:
-        return llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=_JSON_DEFAULTS)
-    if spec.kind is GrammarKind.REGEX:
-        return llguidance.LLMatcher.grammar_from_regex(spec.text)
-    return llguidance.LLMatcher.grammar_from_lark(spec.text)
 
 
 class GrammarMatcher:
@@ -193,7 +147,7 @@ class GrammarCompiler:
         self, spec: GrammarSpec, tokenizer: llguidance.LLTokenizer
     ) -> llguidance.LLMatcher:
         try:
-            grammar = _grammar_text(spec)
+            grammar = grammar_text(spec)
         except ValueError as error:  # e.g. a schema that is not JSON
             raise ValueError(f"structured_output.{spec.kind.value}: {error}") from None
         matcher = llguidance.LLMatcher(

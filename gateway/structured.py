@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from gateway.front import Rejected
+from tessera.grammar_spec import grammar_error
 from tessera.limits import MAX_GRAMMAR_CHARS
 from tessera.v1 import common_pb2
 
@@ -45,10 +46,18 @@ def structured_output_from_body(body: dict) -> common_pb2.StructuredOutput | Non
     if len(asked) > 1:
         raise Rejected(f"give only one of {', '.join(asked)}", param=asked[1])
     if asked[0] == "guided_regex":
-        return _regex(body["guided_regex"])
-    if asked[0] == "guided_json":
-        return _schema(_guided_json(body["guided_json"]), "guided_json")
-    return _response_format(body["response_format"])
+        output = _regex(body["guided_regex"])
+    elif asked[0] == "guided_json":
+        output = _schema(_guided_json(body["guided_json"]), "guided_json")
+    else:
+        output = _response_format(body["response_format"])
+    # Checked here, so a bad schema is a 400 naming the request's field (the decoder
+    # checks again against its tokenizer).
+    error = grammar_error(output) if output is not None else ""
+    if error:
+        kind = output.WhichOneof("kind")
+        raise Rejected(f"{asked[0]} is not a usable {kind} grammar: {error}", param=asked[0])
+    return output
 
 
 def _response_format(value: Any) -> common_pb2.StructuredOutput | None:

@@ -202,6 +202,27 @@ def test_bad_formats_are_400_and_the_next_request_succeeds(client, response_form
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
+        ({"response_format": BAD_FORMATS[0][0]}, "response_format"),
+        ({"response_format": BAD_FORMATS[1][0]}, "response_format"),
+        (
+            {"guided_json": {"type": "object", "properties": {"a": {"type": "strin"}}}},
+            "guided_json",
+        ),
+        ({"guided_regex": "a(b"}, "guided_regex"),
+    ],
+)
+def test_a_grammar_llguidance_refuses_is_a_400_naming_the_request_field(client, extra, param):
+    """The gateway checks the grammar itself: the error names the field the client sent,
+    not the decoder's structured_output."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, extra_body=extra)
+    assert caught.value.body["param"] == param
+    assert "structured_output" not in caught.value.body["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
         ({"guided_regex": "a(b"}, "regex"),
         ({"guided_grammar": "start: x"}, "guided_grammar"),
         ({"structured_outputs": {"regex": "a"}}, "structured_outputs"),
