@@ -186,7 +186,7 @@ def test_serve_three_encoders_two_decoders_with_redis(demo_model_dir, reference,
         assert serve.process.poll() is None, "serve keeps running with 2 of 3 encoders"
         # Answers still come after the gateway has set the dead replica aside.
         run_load(gateway, reference, list(range(1330, 1336)))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a bound, not a speed
         while f"the {victim.name} ({victim.address}, pid {victim.pid}) exited" not in (
             serve.output
         ):

@@ -244,7 +244,7 @@ def test_cancelled_request_frees_its_blocks(small):
         next(call)  # the first token: the request holds blocks now
         assert decoder_stats(address).num_running == 1
         call.cancel()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a bound, not a speed
     while time.monotonic() < deadline:
         stats = decoder_stats(address)
         if stats.num_running == 0 and stats.num_free_kv_blocks == stats.num_kv_blocks:
@@ -286,7 +286,7 @@ def test_a_client_deadline_ends_the_request_everywhere(cluster):
             cache_salt="deadline",
         )
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 30  # a bound, not a speed
     while decoder_stats(address).num_running and time.monotonic() < deadline:
         time.sleep(0.05)
     stats = decoder_stats(address)

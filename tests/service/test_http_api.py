@@ -433,7 +433,7 @@ def test_a_client_that_disconnects_mid_stream_frees_everything(api, cluster):
         for count, _ in enumerate(r.iter_lines()):
             if count > 5:
                 break  # hang up mid-stream
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 30  # a bound on a slow machine, not a speed
     while time.monotonic() < deadline:
         stats, gauges = decoder_stats(cluster), scrape(api)
         if stats.num_running == 0 and gauges[RUNNING] == 0:
@@ -463,11 +463,14 @@ def test_queue_overflow_is_429_then_normal_service(cluster, demo_model_dir):
             str(port),
             "--max-queued-requests",
             "1",
+            "--served-model-name",
+            "tessera-demo",
         ],
     )
     try:
         own.wait_ready()
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        own.http = f"http://127.0.0.1:{port}"
+        url = f"{own.http}/v1/chat/completions"
         slow = {
             "messages": [{"role": "user", "content": "word " * 500}],
             "max_tokens": 1,
@@ -479,7 +482,13 @@ def test_queue_overflow_is_429_then_normal_service(cluster, demo_model_dir):
             target=lambda: answers.append(httpx.post(url, json=slow, timeout=120))
         )
         first.start()
-        time.sleep(1.0)
+        # The next request is refused only while the first one waits for its first
+        # token: wait for that state (its 500 one-token chunks take many steps).
+        waiting = "tessera_gateway_num_requests_waiting[('model_name', 'tessera-demo')]"
+        deadline = time.monotonic() + 60
+        while scrape(own)[waiting] < 1:
+            assert time.monotonic() < deadline and first.is_alive(), answers
+            time.sleep(0.01)
         quick = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         refused = httpx.post(url, json=quick, timeout=30)
         assert refused.status_code == 429, answers and answers[0].text[:300]

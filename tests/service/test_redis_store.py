@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -277,12 +278,15 @@ def test_only_one_owner_gets_the_lease(fingerprint: str, raw: redis.Redis) -> No
     with_store(fingerprint, body)
 
 
-def test_lease_runs_out(fingerprint: str) -> None:
+def test_lease_runs_out(fingerprint: str, raw: redis.Redis) -> None:
     async def body(store: RedisStore) -> None:
-        assert await store.try_lease("item", "a", 100)
-        assert not await store.try_lease("item", "b", 100)
-        await asyncio.sleep(0.15)
-        assert await store.try_lease("item", "b", 100)
+        assert await store.try_lease("item", "a", 60_000)
+        assert not await store.try_lease("item", "b", 60_000)
+        # Its time runs out (Redis's own expiry, not a sleep that hopes to outlast it).
+        raw.pexpire(store.lease_key("item"), 1)
+        while raw.exists(store.lease_key("item")):
+            await asyncio.sleep(0.01)
+        assert await store.try_lease("item", "b", 60_000)
 
     with_store(fingerprint, body)
 
@@ -294,14 +298,13 @@ def test_wait_for_sees_the_value_another_owner_puts(fingerprint: str) -> None:
         assert await store.try_lease("item", "owner", 5000)
 
         async def owner() -> None:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # wait_for polls a while first (any length would do)
             await store.put("item", block)
             await store.release_lease("item", "owner")
 
         task = asyncio.create_task(owner())
-        started = time.monotonic()
-        assert await store.wait_for("item", timeout_s=5)
-        assert 0.15 < time.monotonic() - started < 1.0
+        assert await store.wait_for("item", timeout_s=60)
+        assert task.done(), "wait_for returned before the value was there"
         await task
         assert await store.get("item") == block
 
@@ -309,26 +312,30 @@ def test_wait_for_sees_the_value_another_owner_puts(fingerprint: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["released", "expired"])
-def test_wait_for_gives_up_when_the_lease_goes_without_a_value(fingerprint: str, how: str) -> None:
+def test_wait_for_gives_up_when_the_lease_goes_without_a_value(
+    fingerprint: str, how: str, raw: redis.Redis
+) -> None:
     async def body(store: RedisStore) -> None:
-        assert await store.try_lease("item", "owner", 200 if how == "expired" else 5000)
+        assert await store.try_lease("item", "owner", 200 if how == "expired" else 60_000)
         if how == "released":
             asyncio.get_running_loop().call_later(
                 0.2, lambda: asyncio.ensure_future(store.release_lease("item", "owner"))
             )
-        started = time.monotonic()
-        assert not await store.wait_for("item", timeout_s=5)
-        assert 0.15 < time.monotonic() - started < 1.0  # early, not at the timeout
+        # Its own timeout is far off: returning at all means it saw the lease go (the
+        # outer 60 s only turns a hang into a failure).
+        assert not await asyncio.wait_for(store.wait_for("item", timeout_s=600), 60)
+        assert raw.exists(store.lease_key("item")) == 0, "gave up while the lease was held"
 
     with_store(fingerprint, body)
 
 
-def test_wait_for_times_out_while_the_lease_is_held(fingerprint: str) -> None:
+def test_wait_for_times_out_while_the_lease_is_held(fingerprint: str, raw: redis.Redis) -> None:
     async def body(store: RedisStore) -> None:
-        assert await store.try_lease("item", "owner", 5000)
+        assert await store.try_lease("item", "owner", 60_000)
         started = time.monotonic()
-        assert not await store.wait_for("item", timeout_s=0.3)
-        assert 0.25 < time.monotonic() - started < 0.8
+        assert not await asyncio.wait_for(store.wait_for("item", timeout_s=0.3), 60)
+        assert time.monotonic() - started >= 0.3, "gave up before its timeout"
+        assert raw.exists(store.lease_key("item")) == 1
 
     with_store(fingerprint, body)
 
@@ -417,49 +424,62 @@ def call_everything(store: RedisStore, block: RowBlock) -> Callable[[], Awaitabl
     return calls
 
 
-async def sleep_until(moment: float) -> None:
-    await asyncio.sleep(max(0.0, moment - time.monotonic()))
+class ManualClock:
+    """The breaker's clock, moved by the test: backoff edges do not depend on how fast
+    the machine runs the calls between them."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def test_redis_down_then_back(private: PrivateRedis) -> None:
-    """Backoff 0.4 s doubling to 0.8 s. Sleeps are measured from when each failing call
-    started or ended, so a slow machine cannot push a check across a backoff edge."""
+    """Backoff 0.4 s doubling to 0.8 s, on a clock the test moves."""
     private.start()
     block = block_of(16, 8)
     down = [None, None, False, False, False, False]
+    clock = ManualClock()
 
     async def body(store: RedisStore) -> None:
         everything = call_everything(store, block)
         assert await store.put("item", block) and await store.get("item") == block
         private.kill()
-        started = time.monotonic()
         assert await everything() == down  # no exception out of any method
-        failed = time.monotonic()
         assert store.stats.degraded and store.stats.num_errors == 1
         # during the backoff: misses at once, Redis untouched, no error per call
         for _ in range(50):
             assert await everything() == down
-        assert time.monotonic() - started < 0.4, "too slow to stay inside the backoff"
+        clock.advance(0.39)
+        assert await everything() == down
         assert store.stats.num_errors == 1
         # after it, exactly one call probes (and fails), even among concurrent ones
-        await sleep_until(failed + 0.45)
-        probe_started = time.monotonic()
+        clock.advance(0.02)
         assert await asyncio.gather(*(store.get("item") for _ in range(20))) == [None] * 20
-        probe_failed = time.monotonic()
         assert store.stats.num_errors == 2
-        # the backoff doubled to 0.8 s: 0.5 s later calls still do not touch Redis
-        await sleep_until(probe_started + 0.5)
+        # the backoff doubled to 0.8 s: 0.79 s later calls still do not touch Redis
+        clock.advance(0.79)
         assert await store.get("item") is None and store.stats.num_errors == 2
-        assert time.monotonic() - probe_started < 0.8, "too slow to stay inside the backoff"
         private.start()
-        await sleep_until(probe_failed + 0.85)
+        clock.advance(0.02)
         # the next call probes and succeeds (the new server is empty)
         assert await store.get("item") is None
         assert not store.stats.degraded
         assert await store.put("item", block) and await store.get("item") == block
         assert store.stats.num_errors == 2
 
-    with_store("fp", body, url=private.url, backoff_start_seconds=0.4, backoff_max_seconds=0.8)
+    with_store(
+        "fp",
+        body,
+        url=private.url,
+        backoff_start_seconds=0.4,
+        backoff_max_seconds=0.8,
+        clock=clock,
+    )
 
 
 def test_store_created_while_redis_is_down(private: PrivateRedis) -> None:
@@ -469,40 +489,41 @@ def test_store_created_while_redis_is_down(private: PrivateRedis) -> None:
         assert await store.get("item") is None
         assert store.stats.degraded and store.stats.num_errors == 1
         private.start()
-        await asyncio.sleep(0.15)
+        clock.advance(0.15)
         assert await store.put("item", block)
         assert not store.stats.degraded
         assert await store.get_rows("item", 3, 9) == block.rows(3, 9)
 
-    with_store("fp", body, url=private.url, backoff_start_seconds=0.1)
+    clock = ManualClock()
+    with_store("fp", body, url=private.url, backoff_start_seconds=0.1, clock=clock)
 
 
 def test_paused_redis_times_out_instead_of_hanging(private: PrivateRedis) -> None:
+    """A stopped server (SIGSTOP: it takes connections, answers nothing) until the test
+    resumes it; only the store's own deadline (0.3 s) can end the call."""
     private.start()
-    client = private.client()
     block = block_of(16, 8)
+    clock = ManualClock()
 
     async def body(store: RedisStore) -> None:
         assert await store.put("item", block)
-        client.execute_command("CLIENT", "PAUSE", 2000)
-        paused_at = time.monotonic()
-        started = time.monotonic()
-        assert await store.get("item") is None
-        assert time.monotonic() - started < 0.3 + 0.2
-        assert store.stats.degraded and store.stats.num_errors == 1
-        started = time.monotonic()
-        assert await store.get_rows("item", 0, 4) is None  # backoff: immediate
-        assert time.monotonic() - started < 0.1
-        # once the pause ends, reads return the right value, not a late stale reply
-        await asyncio.sleep(max(0.0, 2.1 - (time.monotonic() - paused_at)))
+        private.process.send_signal(signal.SIGSTOP)
+        try:
+            assert await asyncio.wait_for(store.get("item"), 60) is None
+            assert store.stats.degraded and store.stats.num_errors == 1
+            assert await store.get_rows("item", 0, 4) is None  # backoff: Redis untouched
+            assert store.stats.num_errors == 1
+        finally:
+            private.process.send_signal(signal.SIGCONT)
+        # once it answers again, reads return the right value, not a late stale reply
+        clock.advance(0.15)
         assert await store.get_rows("item", 0, 4) == block.rows(0, 4)
         assert await store.get("item") == block
         assert not store.stats.degraded
 
-    try:
-        with_store("fp", body, url=private.url, timeout_seconds=0.3, backoff_start_seconds=0.1)
-    finally:
-        client.close()
+    with_store(
+        "fp", body, url=private.url, timeout_seconds=0.3, backoff_start_seconds=0.1, clock=clock
+    )
 
 
 def test_only_the_holder_renews_its_lease(fingerprint: str, raw: redis.Redis) -> None:
@@ -527,7 +548,7 @@ def test_a_computing_replica_keeps_its_short_lease_alive(fingerprint: str, raw: 
     from tessera.media_decoder import MediaLimits
     from tests.unit.test_encoder_core import HeldFamily, item
 
-    lease_ms = 900  # renewed every 300 ms: a stall of 600 ms would be needed to lose it
+    lease_ms = 3000  # renewed every second: only a stall of 2 s could lose it
 
     async def body(store: RedisStore) -> None:
         family = HeldFamily()
@@ -539,8 +560,15 @@ def test_a_computing_replica_keeps_its_short_lease_alive(fingerprint: str, raw: 
         while raw.get(lease_key) is None:
             await asyncio.sleep(0.01)
         assert raw.pttl(lease_key) <= lease_ms
-        await asyncio.sleep(3 * lease_ms / 1000)  # three lease lengths into the computation
-        assert raw.get(lease_key) == b"replica-a", "renewed while computing"
+        # Renewed while computing: its remaining time goes back up, again and again, past
+        # the length of one lease (counted in renewals seen, not in seconds slept).
+        num_renewals, last_ttl = 0, raw.pttl(lease_key)
+        while num_renewals < 4:
+            await asyncio.sleep(0.05)
+            ttl = raw.pttl(lease_key)
+            assert raw.get(lease_key) == b"replica-a", "renewed while computing"
+            num_renewals += ttl > last_ttl
+            last_ttl = ttl
         family.release.set()
         (result,) = await encode
         assert result.source.value == "computed"
