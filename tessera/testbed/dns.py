@@ -8,6 +8,7 @@ Names are single labels: "encoders" answers every encoder's address, as
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -51,7 +52,6 @@ class DnsServer:
             namespace=namespace,
             log_path=directory,
         )
-        self._version = 0
 
     def start(self, names: dict[str, list[str]]) -> None:
         self.set_all(names)
@@ -61,12 +61,9 @@ class DnsServer:
         self.set_all({**self.names, name: list(ips)})
 
     def set_all(self, names: dict[str, list[str]]) -> None:
-        """Replaces every answer. A new file replaces the old one (dnsmasq drops what a
-        removed file held and reads the new one)."""
-        self._version += 1
-        new = self.hosts_dir / f"hosts.{self._version}"
-        new.write_text(hosts_text(names))
-        for old in self.hosts_dir.glob("hosts.*"):
-            if old != new:
-                old.unlink()
+        """Replaces every answer at once: the hosts file is replaced by a rename, which
+        dnsmasq sees as one change (it drops the file's old records, reads the new)."""
+        staged = self.hosts_dir.parent / "dns-hosts.staged"
+        staged.write_text(hosts_text(names))
+        os.replace(staged, self.hosts_dir / "hosts")
         self.names = {name: list(ips) for name, ips in names.items()}

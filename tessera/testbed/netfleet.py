@@ -61,11 +61,11 @@ class NetFleet(Fleet):
         if reason:
             raise RuntimeError(f"test hosts cannot be made here: {reason}")
         remove_stale()
-        self.network = HostNetwork([*plan.names(), "dns"])
+        self.network = HostNetwork([*plan.names(), "dns"], self.work_dir)
         self.http_port = HTTP_PORT
         dns_host = self.network.hosts["dns"]
         self.dns = DnsServer(dns_host.namespace, dns_host.ip, self.work_dir)
-        self.links = Links(self.network.hosts)
+        self.links = Links(self.network.control_path)
         for name in plan.names():
             host = self.network.hosts[name]
             role = role_of(name)
@@ -115,7 +115,14 @@ class NetFleet(Fleet):
         self.links.unshape(a, b)
 
     def set_dns(self, name: str, addresses: list[str]) -> None:
+        """Returns once the DNS server answers the new addresses (it rereads its hosts
+        directory on a file event, a moment after the write)."""
         self.dns.set(name, addresses)
+        deadline = time.monotonic() + MAX_DNS_START_SECONDS
+        while self.resolve("gateway", name) != sorted(addresses):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dnsmasq still answers the old {name}:\n{self.dns.proc.tail()}")
+            time.sleep(0.05)
 
     def run_in(self, name: str, *command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """A command on `name`'s host (probes in tests: ping, getent, a TCP connect)."""
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             f"  try:  curl {fleet.gateway_http}/v1/chat/completions -H 'Content-Type: "
             f'application/json\' -d \'{{"messages":[{{"role":"user","content":'
             f'"Hello"}}],"max_tokens":8}}\'\n'
-            f"  shape a link:  tc -n <netns> qdisc ...   (or tessera.testbed.NetFleet.shape)\n"
+            f"  shape a link:  NetFleet.shape(a, b, LinkShape(...)) (tessera.testbed)\n"
             f"Ctrl-C stops everything and removes the hosts.",
             flush=True,
         )

@@ -1,0 +1,110 @@
+"""The fleet across a network: every role on a host of its own (network namespaces on a
+bridge), replicas found through a real DNS server as on Kubernetes, links shaped and
+cut with tc netem. One fleet for the module."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tessera.client import Client, Message, SamplingParams
+from tessera.testbed.control import LinkShape
+from tessera.testbed.fleet import FleetPlan
+from tessera.testbed.hosts import unavailable_reason
+from tests.reference import assert_greedy_match, noise_image
+
+MAX_NEW_TOKENS = 6
+ENCODER_PORT = 50052
+CONNECT_PROBE = (
+    "import socket, sys, time\n"
+    "started = time.monotonic()\n"
+    "socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3]))\n"
+    "print(time.monotonic() - started)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def net(demo_model_dir):
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"test hosts cannot be made here: {reason}")
+    from tessera.testbed.netfleet import NetFleet
+
+    fleet = NetFleet(FleetPlan(str(demo_model_dir)))
+    try:
+        fleet.start_all()
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def connect_seconds(net, source: str, target: str, timeout: float = 2.0) -> float | None:
+    """Seconds a TCP connect from `source`'s host to `target`'s gRPC port took (one round
+    trip), or None if it failed."""
+    host, port = net.address(target).rsplit(":", 1)
+    done = net.run_in(source, sys.executable, "-c", CONNECT_PROBE, host, port, str(timeout))
+    return float(done.stdout) if done.returncode == 0 else None
+
+
+def encoder_ips(net) -> list[str]:
+    return sorted(net.host_ip(name) for name in net.names("encoder"))
+
+
+def test_every_host_finds_every_encoder_through_dns(net):
+    assert len(set(encoder_ips(net))) == 3
+    for host in ("gateway", "decoder-0", "decoder-1"):
+        assert net.resolve(host, "encoders") == encoder_ips(net), host
+    assert net.resolve("encoder-1", "redis") == [net.host_ip("redis")]
+
+
+def test_answers_across_hosts_equal_generate(net, reference):
+    prompts = [
+        [("user", ["Tell me about the lake at night."])],
+        [("user", [noise_image(1501, 40, 36), "What is this?"])],
+        [("user", [noise_image(1502, 30, 44), "and", noise_image(1501, 40, 36), "compare"])],
+    ]
+    with Client(net.gateway_address, timeout_seconds=120) as client:
+        for prompt in prompts:
+            done = client.complete(
+                [Message(role, parts) for role, parts in prompt],
+                SamplingParams(max_tokens=MAX_NEW_TOKENS),
+                max_chunk_tokens=8,
+            )
+            assert_greedy_match(done.token_ids, reference.generate(prompt, MAX_NEW_TOKENS))
+    # The image rows crossed the network: from an encoder's host to a decoder's.
+    assert done.stats.num_embedding_bytes > 0
+
+
+def test_dns_answers_change_while_serving(net):
+    everyone = encoder_ips(net)
+    try:
+        net.set_dns("encoders", everyone[:2])
+        for host in ("gateway", "decoder-0"):
+            assert net.resolve(host, "encoders") == everyone[:2]
+    finally:
+        net.set_dns("encoders", everyone)
+    assert net.resolve("decoder-1", "encoders") == everyone
+
+
+def test_a_shaped_link_delays_that_pair_only(net):
+    net.shape("decoder-0", "encoder-0", LinkShape(delay_ms=60, jitter_ms=5))
+    try:
+        # A connect is one round trip: at least the delay each way, whatever the load.
+        assert connect_seconds(net, "decoder-0", "encoder-0") >= 2 * (60 - 5) / 1000
+        assert connect_seconds(net, "encoder-0", "decoder-0") >= 2 * (60 - 5) / 1000
+    finally:
+        net.unshape("decoder-0", "encoder-0")
+    assert not net.links.shapes
+
+
+def test_a_partition_cuts_one_pair_and_heals(net):
+    net.partition("decoder-1", "encoder-2")
+    try:
+        assert connect_seconds(net, "decoder-1", "encoder-2", timeout=1.0) is None
+        assert connect_seconds(net, "encoder-2", "decoder-1", timeout=1.0) is None
+        assert connect_seconds(net, "decoder-1", "encoder-1") is not None
+        assert connect_seconds(net, "gateway", "encoder-2") is not None
+    finally:
+        net.heal("decoder-1", "encoder-2")
+    assert connect_seconds(net, "decoder-1", "encoder-2") is not None
