@@ -31,7 +31,7 @@ class Fault:
     needs_network: bool = False
 
 
-def _nothing(fleet: FleetControl) -> None:
+def no_action(fleet: FleetControl) -> None:
     pass
 
 
@@ -171,7 +171,7 @@ def schedule() -> list[Fault]:
             "redis-corrupt",
             "a byte flipped in every Redis entry; encoder-0 restarted to read them",
             corrupt_entries,
-            _nothing,
+            no_action,
             0,
         ),
         Fault(
@@ -192,7 +192,7 @@ def schedule() -> list[Fault]:
             "encoder-rolling-restart",
             "every encoder in turn: SIGTERM, start, wait until serving",
             rolling_restart,
-            _nothing,
+            no_action,
             0,
         ),
         Fault(

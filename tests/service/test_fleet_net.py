@@ -1,6 +1,7 @@
 """The fleet across a network: every role on a host of its own (network namespaces on a
-bridge), replicas found through a real DNS server as on Kubernetes, links shaped and
-cut with tc netem. One fleet for the module."""
+userspace switch), replicas found through a real DNS server as on Kubernetes, links
+shaped and cut; then replicas killed under open-loop load (the full fault schedule is
+`make chaos`). One fleet for the module."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ import sys
 
 import pytest
 
+from benchmarks.chaos.faults import schedule
+from benchmarks.chaos.fleets import LEASE_MS, heal_everything
+from benchmarks.chaos.load import healthy_answers
+from benchmarks.chaos.rows import run_row
 from tessera.client import Client, Message, SamplingParams
+from tessera.testbed import leaks
 from tessera.testbed.control import LinkShape
 from tessera.testbed.fleet import FleetPlan
 from tessera.testbed.hosts import unavailable_reason
 from tests.reference import assert_greedy_match, noise_image
 
 MAX_NEW_TOKENS = 6
+RATE_PER_SECOND = 4.0
 ENCODER_PORT = 50052
 CONNECT_PROBE = (
     "import socket, sys, time\n"
@@ -31,7 +38,8 @@ def net(demo_model_dir):
         pytest.skip(f"test hosts cannot be made here: {reason}")
     from tessera.testbed.netfleet import NetFleet
 
-    fleet = NetFleet(FleetPlan(str(demo_model_dir)))
+    plan = FleetPlan(str(demo_model_dir), extra_flags={"gateway": ["--lease-ms", str(LEASE_MS)]})
+    fleet = NetFleet(plan)
     try:
         fleet.start_all()
         yield fleet
@@ -108,3 +116,29 @@ def test_a_partition_cuts_one_pair_and_heals(net):
     finally:
         net.heal("decoder-1", "encoder-2")
     assert connect_seconds(net, "decoder-1", "encoder-2") is not None
+
+
+@pytest.fixture(scope="module")
+def healthy(net) -> dict[int, list[int]]:
+    return healthy_answers(net.gateway_address)
+
+
+@pytest.mark.parametrize("fault_name", ["encoder-kill-9", "decoder-kill-9"])
+def test_a_replica_killed_under_load_fails_no_request(net, healthy, fault_name):
+    """Open-loop load while one replica is SIGKILLed and restarted: every request is
+    answered, and every answer is the healthy run's (the gateway retries a decoder that
+    fails before the first token; decoders fetch or re-encode through another encoder)."""
+    fault = next(fault for fault in schedule() if fault.name == fault_name)
+    row = run_row(net, fault, healthy, RATE_PER_SECOND)
+    heal_everything(net)
+    assert row.num_sent > 0
+    assert row.num_wrong == 0, row
+    assert row.num_failed == 0, row
+    assert row.num_exact == row.num_sent
+    assert row.recovery_seconds is not None, "answers again after the restart"
+
+
+def test_nothing_is_held_after_the_load(net, healthy):
+    """After the rows above: no KV blocks, pins or compute leases left anywhere (pins of
+    a request whose release was lost end with their lease)."""
+    assert leaks.wait_quiet(net, max_seconds=LEASE_MS / 1000 + 30) == []
