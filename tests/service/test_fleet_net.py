@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+import grpc
 import pytest
 
 from benchmarks.chaos.faults import schedule
@@ -18,6 +19,7 @@ from tessera.testbed import leaks
 from tessera.testbed.control import LinkShape
 from tessera.testbed.fleet import FleetPlan
 from tessera.testbed.hosts import unavailable_reason
+from tessera.v1 import decoder_pb2, decoder_pb2_grpc
 from tests.reference import assert_greedy_match, noise_image
 
 MAX_NEW_TOKENS = 6
@@ -118,6 +120,38 @@ def test_a_partition_cuts_one_pair_and_heals(net):
     assert connect_seconds(net, "decoder-1", "encoder-2") is not None
 
 
+def decoder_stats(net, name: str) -> decoder_pb2.DecoderStats:
+    with grpc.insecure_channel(net.address(name)) as channel:
+        return decoder_pb2_grpc.DecoderServiceStub(channel).GetStats(
+            decoder_pb2.GetDecoderStatsRequest(), timeout=10
+        )
+
+
+def test_a_decoder_killed_mid_answer_is_resumed_exactly(net):
+    """The gateway resumes an answer on the other decoder after the tokens the client
+    already has; greedy, it is the answer an uninterrupted run gives."""
+    messages = [Message("user", ["Tell me a long story about the sea."])]
+    sampling = SamplingParams(max_tokens=300, ignore_eos=True)
+    with Client(net.gateway_address, timeout_seconds=300, max_retries=0) as client:
+        whole = client.complete(messages, sampling, cache_salt="resume-whole")
+        assert len(whole.token_ids) == 300
+        deltas = client.deltas(messages, sampling, cache_salt="resume-cut")
+        received = list(next(d for d in deltas if d.token_ids).token_ids)
+        (serving,) = [n for n in net.names("decoder") if decoder_stats(net, n).num_running]
+        (other,) = [n for n in net.names("decoder") if n != serving]
+        finished_before = decoder_stats(net, other).num_finished
+        net.kill(serving)
+        rest = list(deltas)
+    try:
+        received += [token for delta in rest for token in delta.token_ids]
+        assert received == whole.token_ids
+        assert rest[-1].usage.completion_tokens == 300
+        assert rest[-1].usage.prompt_tokens == len(whole.prompt_token_ids)
+        assert decoder_stats(net, other).num_finished == finished_before + 1, "resumed there"
+    finally:
+        heal_everything(net)
+
+
 @pytest.fixture(scope="module")
 def healthy(net) -> dict[int, list[int]]:
     return healthy_answers(net.gateway_address)
@@ -134,6 +168,7 @@ def test_a_replica_killed_under_load_fails_no_request(net, healthy, fault_name):
     assert row.num_sent > 0
     assert row.num_wrong == 0, row
     assert row.num_failed == 0, row
+    assert row.num_retried == 0, "the gateway, not the client, routes around the failure"
     assert row.num_exact == row.num_sent
     assert row.recovery_seconds is not None, "answers again after the restart"
 
