@@ -122,6 +122,14 @@ def restore_dns(fleet: FleetControl) -> None:
     fleet.set_dns("encoders", _encoder_ips(fleet))
 
 
+def _each(action: Callable[[FleetControl, str], None], role: str):
+    def on_every_replica(fleet: FleetControl) -> None:
+        for name in fleet.names(role):
+            action(fleet, name)
+
+    return on_every_replica
+
+
 def schedule() -> list[Fault]:
     return [
         Fault(
@@ -202,6 +210,22 @@ def schedule() -> list[Fault]:
             fast_links,
             15,
             needs_network=True,
+        ),
+        Fault(
+            "every-decoder-down",
+            "SIGKILL both decoders; restart them after 5 s (no replica left)",
+            _each(lambda f, name: f.kill(name), "decoder"),
+            _each(lambda f, name: f.restart(name), "decoder"),
+            5,
+            keeps_every_role=False,
+        ),
+        Fault(
+            "every-encoder-stopped",
+            "SIGSTOP all three encoders for 8 s (no replica answers)",
+            _each(lambda f, name: f.pause(name), "encoder"),
+            _each(lambda f, name: f.resume(name), "encoder"),
+            8,
+            keeps_every_role=False,
         ),
         Fault(
             "dns-change",

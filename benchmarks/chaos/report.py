@@ -108,7 +108,7 @@ def soak_section(soak: dict) -> str:
             "## Soak",
             "",
             f"Produced by `{soak['command']}` on {_environment_line(soak['environment'])}.",
-            f"{soak['minutes']:.0f} minutes of the same mixed load at {soak['rate']} requests/s"
+            f"{soak['minutes']:g} minutes of the same mixed load at {soak['rate']} requests/s"
             f" on {soak['network']}: {figures['num_sent']} requests, {figures['num_exact']}"
             f" exact, {figures['num_failed']} failed, {figures['num_wrong']} wrong.",
             f"Bound: after warm-up (the first {soak['warmup_fraction']:.0%} of the run), no "
