@@ -7,7 +7,7 @@ MODEL ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv serve test lint proto bench clean
+.PHONY: venv serve test lint proto bench fleet-net chaos soak clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,20 @@ proto: venv
 bench: venv
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+# The fleet on test hosts (network namespaces, a switch, dnsmasq; needs root) until Ctrl-C.
+fleet-net: venv
+	$(BIN)/python -m tessera.testbed.netfleet $(if $(MODEL),--model $(MODEL))
+
+# Every fault of the schedule under load, into docs/reliability.md (about ten minutes).
+chaos: venv
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.chaos.run $(if $(MODEL),--model $(MODEL)) $(CHAOS_ARGS)
+
+# 30 minutes of steady load: RSS bound, nothing held at the end, into docs/reliability.md.
+soak: venv
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.chaos.soak $(if $(MODEL),--model $(MODEL)) $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

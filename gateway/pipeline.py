@@ -15,6 +15,7 @@ import grpc
 
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
+from gateway.resume import as_one_answer, can_resume, continuation
 from gateway.router import DecoderRouter
 from tessera.channels import ChannelPool
 from tessera.rendezvous import encoder_order
@@ -192,11 +193,13 @@ class GenerationPipeline:
     async def _decode(
         self, request: GenerationRequest, prompt: Prompt, encode_task: asyncio.Task
     ) -> AsyncIterator[decoder_pb2.DecodeResponse]:
-        """The decoder's stream. A decoder that fails before its first token is set aside
-        and the request tried once more elsewhere; after that, the error goes to the
-        client (never a silently truncated answer)."""
+        """The decoder's stream. A decoder that fails is set aside and the request tried
+        once more elsewhere: from the start if no token came yet, else resumed after the
+        tokens the client has (gateway.resume), where that gives the same answer. Any
+        other failure goes to the client (never a silently truncated answer)."""
         decode_request = self._decode_request(request, prompt)
         tried: list[str] = []
+        generated: list[int] = []
         while True:
             address = self.decoders.acquire(exclude=tried)
             if address is None:
@@ -205,15 +208,19 @@ class GenerationPipeline:
             channel = self.channels.get(address)
             await wait_connected(channel, CONNECT_WAIT_SECONDS)
             stub = decoder_pb2_grpc.DecoderServiceStub(channel)
-            call = stub.Generate(decode_request, timeout=request.timeout_seconds)
-            received = False
+            sent = continuation(decode_request, generated) if generated else decode_request
+            num_resumed = len(generated)
+            call = stub.Generate(sent, timeout=request.timeout_seconds)
             try:
                 async for message in call:
-                    received = True
+                    if message.HasField("tokens"):
+                        generated += message.tokens.token_ids
+                    as_one_answer(message, num_resumed)
                     yield message
                 return
             except grpc.aio.AioRpcError as error:
-                if not received and error.code() in _REPLICA_FAILURES and len(tried) < 2:
+                retry = not generated or can_resume(decode_request.sampling)
+                if retry and error.code() in _REPLICA_FAILURES and len(tried) < 2:
                     self.decoders.replicas.mark_down(address, error.code().name)
                     continue
                 # A bad item makes both the encoder and the decoder fail; the encoder's

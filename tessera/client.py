@@ -209,6 +209,7 @@ class Client:
         self.timeout_seconds = timeout_seconds
         self.max_retries = max_retries
         self.api_key = api_key
+        self.num_retries = 0  # calls sent again after a retryable failure, since made
 
     def close(self) -> None:
         self._channel.close()
@@ -234,6 +235,7 @@ class Client:
             except grpc.RpcError as error:
                 if received or error.code() not in RETRYABLE or attempt == self.max_retries:
                     raise client_error(error) from error
+            self.num_retries += 1
             time.sleep(_backoff(attempt))
 
     def deltas(self, messages: Sequence[Message], *args, **kwargs) -> Iterator[Delta]:

@@ -15,20 +15,11 @@ from PIL import Image
 from transformers import AutoConfig, AutoProcessor
 
 from tessera.client import Audio
+from tessera.testbed.media import noise_image  # noqa: F401  (tests import it from here)
 
 # Packed/chunked attention and one-shot attention differ by ~1e-6 in float32; a greedy
 # difference is only acceptable where the reference's top two logits are this close.
 NEAR_TIE = 1e-5
-
-
-def noise_image(seed: int, width: int, height: int, mode: str = "RGB") -> bytes:
-    """A PNG of seeded noise."""
-    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, channels), dtype=np.uint8)
-    image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels, mode)
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 # A test prompt: (role, parts), each part text, an encoded image (bytes) or Audio.
