@@ -19,8 +19,8 @@ from tessera.testbed import leaks
 from tessera.testbed.control import LinkShape
 from tessera.testbed.fleet import FleetPlan
 from tessera.testbed.hosts import unavailable_reason
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import decoder_pb2, decoder_pb2_grpc
-from tests.reference import assert_greedy_match, noise_image
 
 MAX_NEW_TOKENS = 6
 RATE_PER_SECOND = 4.0
