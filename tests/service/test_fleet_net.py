@@ -152,6 +152,22 @@ def test_a_decoder_killed_mid_answer_is_resumed_exactly(net):
         heal_everything(net)
 
 
+def test_with_every_decoder_gone_the_client_is_told_so_without_internal_addresses(net):
+    for name in net.names("decoder"):
+        net.kill(name)
+    try:
+        with (
+            Client(net.gateway_address, timeout_seconds=60, max_retries=0) as client,
+            pytest.raises(grpc.RpcError) as caught,
+        ):
+            client.complete([Message("user", ["Anyone there?"])], SamplingParams(max_tokens=4))
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "no decoder" in caught.value.details()
+        assert net.host_ip("decoder-0").rsplit(".", 1)[0] not in caught.value.details()
+    finally:
+        heal_everything(net)
+
+
 @pytest.fixture(scope="module")
 def healthy(net) -> dict[int, list[int]]:
     return healthy_answers(net.gateway_address)
