@@ -17,9 +17,9 @@ from benchmarks.suite import CellRunner
 from benchmarks.workloads import Spec
 from tessera.media import decode_image
 from tessera.server import GRPC_OPTIONS
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import noise_image
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tests.cluster import Cluster
-from tests.reference import noise_image
 
 COUNTERS = (
     "num_items_requested",

@@ -22,7 +22,7 @@ from benchmarks.outcome import Outcome
 from benchmarks.workloads import BenchRequest
 from tessera.adapters.qwen2_audio import audio_rows
 from tessera.placeholders import overlap
-from tests.reference import Reference
+from tessera.testbed.reference import Reference
 
 
 class _Clock(BaseStreamer):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tests.reference import NEAR_TIE
+from tessera.testbed.reference import NEAR_TIE
 
 
 @dataclass

@@ -29,9 +29,9 @@ from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
 from benchmarks.workloads import Spec
 from tessera.demo_models import AUDIO_DEMO_FAMILIES
-from tests.cluster import Cluster
-from tests.redis_server import PrivateRedis
-from tests.reference import Reference
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.redis_server import PrivateRedis
+from tessera.testbed.reference import Reference
 
 SUITES = ["arms", "chunks", "poisson", "latency", "wire", "growth", "fleet"]
 # Image sides (min, max) in px drawn by the workloads, by family: dynamic-resolution

@@ -17,8 +17,8 @@ import grpc
 from benchmarks.outcome import Outcome
 from benchmarks.workloads import BenchRequest
 from tessera.client import Client, Message
+from tessera.testbed.cluster import Cluster
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
-from tests.cluster import Cluster
 
 
 def reset_peak_rss(pid: int | str) -> None:

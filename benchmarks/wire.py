@@ -30,8 +30,8 @@ from tessera.media import decode_image
 from tessera.placeholders import ChunkSlice, Modality, PlaceholderRange
 from tessera.replicas import ReplicaSet
 from tessera.server import GRPC_OPTIONS
+from tessera.testbed.reference import noise_image
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tests.reference import noise_image
 
 _SERVER = """
 import socket, struct, sys

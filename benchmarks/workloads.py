@@ -14,8 +14,8 @@ import random
 from dataclasses import dataclass, field
 
 from tessera.client import Audio
-from tests.audio_files import wav_clip
-from tests.reference import noise_image
+from tessera.testbed.audio_files import wav_clip
+from tessera.testbed.reference import noise_image
 
 WORDS = [
     *("the", "a", "red", "cat", "sits", "on", "old", "blue", "chair", "near", "one"),

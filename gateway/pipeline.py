@@ -232,6 +232,17 @@ class GenerationPipeline:
                     raise DownstreamError(
                         grpc.StatusCode.UNAVAILABLE, f"encoders: {error.details()}"
                     ) from None
+                if retry and error.code() in _REPLICA_FAILURES:  # every decoder tried failed
+                    # The client is told what happened, not the fleet's internal addresses.
+                    log.warning(
+                        "request %s: decoders %s failed: %s",
+                        request.request_id,
+                        ", ".join(tried),
+                        error.details(),
+                    )
+                    raise DownstreamError(
+                        error.code(), f"no decoder answered ({len(tried)} tried); retry shortly"
+                    ) from None
                 raise DownstreamError(error.code(), f"decoder: {error.details()}") from None
             finally:
                 call.cancel()

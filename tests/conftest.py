@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tessera.launcher import free_port
-from tests.cluster import Cluster
+from tessera.testbed.cluster import Cluster
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +67,7 @@ def cluster(demo_model_dir) -> Cluster:
 @pytest.fixture(scope="session")
 def reference(demo_model_dir):
     """The oracle: the checkpoint's own model and processor, in this process."""
-    from tests.reference import Reference
+    from tessera.testbed.reference import Reference
 
     return Reference(demo_model_dir)
 
@@ -75,7 +75,7 @@ def reference(demo_model_dir):
 def pytest_terminal_summary(terminalreporter) -> None:
     """Reports every greedy difference accepted as a near-tie (docs/design.md: the reference's
     top two logits within 1e-5 at the first differing step)."""
-    from tests.reference import NEAR_TIES
+    from tessera.testbed.reference import NEAR_TIES
 
     terminalreporter.write_sep("-", f"near-ties accepted: {len(NEAR_TIES)}")
     for line in NEAR_TIES:

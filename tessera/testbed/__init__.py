@@ -1,9 +1,13 @@
-"""Test hosts and faults for Tessera's reliability harness (issue 15).
+"""Fleets of real processes for tests, benchmarks and the fault harness (issue 15).
 
-- `control`: what every fleet the chaos and soak harnesses drive must offer
-  (`FleetControl`): process faults, network faults, Redis, stats.
-- the loopback fleet (every process on 127.0.0.1) and the network-namespace fleet (one
-  namespace per host, a bridge, real DNS, tc netem) both implement it.
+- `control`: what the chaos and soak harnesses need of a fleet (`FleetControl`):
+  process faults, network faults, Redis, addresses.
+- `fleet`: the role plan and process faults; `LoopbackFleet` runs everything on
+  127.0.0.1.
+- `netfleet`: `NetFleet`, the same fleet on test hosts: a network namespace per process
+  (`hosts`), replicas found through dnsmasq (`dns`), links delayed, dropped or cut by a
+  userspace switch (`wire`, `links`; the kernels here have no netem).
+- `leaks`: what a fleet at rest must not hold. `media`: seeded test images.
 
 Nothing here is imported by the services; tests and benchmarks import it.
 """

@@ -173,6 +173,7 @@ class Fleet:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def __enter__(self):
+        """`with fleet:` only ensures `stop()`; `start_all()` starts it."""
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -19,9 +19,9 @@ import pytest
 
 from tessera.client import Client, Message
 from tessera.launcher import free_port
+from tessera.testbed.redis_server import PrivateRedis
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tests.redis_server import PrivateRedis
-from tests.reference import assert_greedy_match, noise_image
 
 MAX_NEW_TOKENS = 5
 READY_SECONDS = 240

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from tessera.launcher import free_port
-from tests.reference import assert_greedy_match, noise_image
+from tessera.testbed.reference import assert_greedy_match, noise_image
 
 TESSERA = [sys.executable, "-m", "tessera.cli"]
 

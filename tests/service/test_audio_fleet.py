@@ -12,11 +12,11 @@ import pytest
 from tessera.audio import decode_audio
 from tessera.client import Client, Message
 from tessera.demo_models import make_demo_model
+from tessera.testbed.audio_files import wav_clip
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.redis_server import PrivateRedis
+from tessera.testbed.reference import Reference, assert_greedy_match
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tests.audio_files import wav_clip
-from tests.cluster import Cluster
-from tests.redis_server import PrivateRedis
-from tests.reference import Reference, assert_greedy_match
 
 ENCODERS = ("enc-a", "enc-b")
 MAX_NEW_TOKENS = 6

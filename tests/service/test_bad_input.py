@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from tessera.media import decode_image
+from tessera.testbed.reference import noise_image
 from tessera.v1 import (
     common_pb2,
     decoder_pb2,
@@ -18,7 +19,6 @@ from tessera.v1 import (
     gateway_pb2,
     gateway_pb2_grpc,
 )
-from tests.reference import noise_image
 
 IMAGE = noise_image(7, 32, 32)
 UNKNOWN_HASH = "ab" * 32

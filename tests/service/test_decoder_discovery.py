@@ -24,10 +24,10 @@ import pytest
 from tessera.client import Client, Completion, Message
 from tessera.media import decode_image
 from tessera.rendezvous import rendezvous_order
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import noise_image
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
-from tests.cluster import Cluster
 from tests.direct import image_decode_request
-from tests.reference import noise_image
 
 MAX_NEW_TOKENS = 6
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import torch
 
+from tessera.testbed.cluster import Cluster
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
-from tests.cluster import Cluster
 
 
 def test_bfloat16_decoder_agrees_with_float32_where_the_choice_is_clear(demo_model_dir, reference):

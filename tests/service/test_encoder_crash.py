@@ -13,9 +13,9 @@ from PIL import Image
 
 from encoder_service.redis_store import LEASE_PREFIX
 from tessera.media import decode_image
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.redis_server import PrivateRedis
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tests.cluster import Cluster
-from tests.redis_server import PrivateRedis
 
 # A 30 s compute lease (as before) or the whole remote wait would miss this deadline;
 # the 2 s lease, renewed only while its holder lives, is far inside it.

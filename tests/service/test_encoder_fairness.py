@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from tessera.media import decode_image
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import noise_image
 from tessera.v1 import common_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
-from tests.cluster import Cluster
 from tests.direct import image_decode_request
-from tests.reference import noise_image
 
 NUM_HOSTILE_ITEMS = 24
 CACHE_ITEMS = 8  # the encoder's cache holds this many items

@@ -21,10 +21,10 @@ from gateway.prompt import PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.client import Client, Message
 from tessera.media_decoder import MediaLimits
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import assert_greedy_match, noise_image, to_chat_inputs
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
 from tessera.wire import range_to_proto
-from tests.cluster import Cluster
-from tests.reference import assert_greedy_match, noise_image, to_chat_inputs
 
 MAX_NEW_TOKENS = 10
 # Tiny demo model: one 16-token block holds 8 KiB of K/V. Twelve blocks force

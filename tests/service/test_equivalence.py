@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tessera.client import Client, Message
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tests.reference import assert_greedy_match, noise_image
 
 MAX_NEW_TOKENS = 12
 CHUNK_SIZES = [1, 3, 7, 16, 64, 0]  # 0: the decoder's limit, above every prompt here

@@ -31,17 +31,17 @@ from tessera.client import Audio, Client, Message
 from tessera.demo_models import AUDIO_DEMO_FAMILIES, DEMO_FAMILIES, make_demo_model
 from tessera.launcher import free_port
 from tessera.media_decoder import MediaLimits
-from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
-from tessera.wire import range_to_proto
-from tests.audio_files import sound_file, tone, wav_clip
-from tests.cluster import Cluster
-from tests.reference import (
+from tessera.testbed.audio_files import sound_file, tone, wav_clip
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import (
     Reference,
     ReferenceOutput,
     assert_greedy_match,
     noise_image,
     to_chat_inputs,
 )
+from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
+from tessera.wire import range_to_proto
 
 MAX_NEW_TOKENS = 8
 # The stacks' media limits: every image below is smaller, every clip shorter; Voxtral

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tessera.client import Client, Message
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import common_pb2
-from tests.cluster import Cluster
-from tests.reference import assert_greedy_match, noise_image
 
 PROMPT = [
     Message("user", ["look:", noise_image(61, 40, 30), "and", noise_image(62, 50, 50), "why?"])

@@ -12,10 +12,10 @@ import pytest
 
 from tessera.client import Client, Message
 from tessera.media import decode_image
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.redis_server import PrivateRedis
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tests.cluster import Cluster
-from tests.redis_server import PrivateRedis
-from tests.reference import assert_greedy_match, noise_image
 
 ENCODERS = ("enc-a", "enc-b", "enc-c")
 MAX_NEW_TOKENS = 6

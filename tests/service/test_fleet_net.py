@@ -19,8 +19,8 @@ from tessera.testbed import leaks
 from tessera.testbed.control import LinkShape
 from tessera.testbed.fleet import FleetPlan
 from tessera.testbed.hosts import unavailable_reason
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import decoder_pb2, decoder_pb2_grpc
-from tests.reference import assert_greedy_match, noise_image
 
 MAX_NEW_TOKENS = 6
 RATE_PER_SECOND = 4.0
@@ -148,6 +148,22 @@ def test_a_decoder_killed_mid_answer_is_resumed_exactly(net):
         assert rest[-1].usage.completion_tokens == 300
         assert rest[-1].usage.prompt_tokens == len(whole.prompt_token_ids)
         assert decoder_stats(net, other).num_finished == finished_before + 1, "resumed there"
+    finally:
+        heal_everything(net)
+
+
+def test_with_every_decoder_gone_the_client_is_told_so_without_internal_addresses(net):
+    for name in net.names("decoder"):
+        net.kill(name)
+    try:
+        with (
+            Client(net.gateway_address, timeout_seconds=60, max_retries=0) as client,
+            pytest.raises(grpc.RpcError) as caught,
+        ):
+            client.complete([Message("user", ["Anyone there?"])], SamplingParams(max_tokens=4))
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "no decoder" in caught.value.details()
+        assert net.host_ip("decoder-0").rsplit(".", 1)[0] not in caught.value.details()
     finally:
         heal_everything(net)
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tessera.client import Client, Message
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import (
     common_pb2,
     decoder_pb2,
@@ -25,7 +26,6 @@ from tessera.v1 import (
     gateway_pb2,
     gateway_pb2_grpc,
 )
-from tests.reference import assert_greedy_match, noise_image
 
 EXAMPLES_PER_METHOD = 40
 DEADLINE_SECONDS = 30

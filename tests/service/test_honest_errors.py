@@ -19,6 +19,8 @@ import pytest
 
 from tessera.client import Client, Message
 from tessera.placeholders import Modality, PlaceholderRange
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import noise_image
 from tessera.v1 import (
     common_pb2,
     decoder_pb2,
@@ -27,8 +29,6 @@ from tessera.v1 import (
     gateway_pb2_grpc,
 )
 from tessera.wire import range_to_proto
-from tests.cluster import Cluster
-from tests.reference import noise_image
 
 ENCODER_MAX_PIXELS = 2000  # the strict encoder's limit; the gateway's is the default
 

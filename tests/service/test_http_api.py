@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway import openapi
 from tessera.client import Client, Message
 from tessera.launcher import free_port
+from tessera.testbed.cluster import Cluster, http_gateway
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import common_pb2
-from tests.cluster import Cluster, http_gateway
-from tests.reference import assert_greedy_match, noise_image
 
 IMAGE_A = noise_image(1001, 40, 30)
 IMAGE_B = noise_image(1002, 30, 60)

@@ -14,7 +14,7 @@ import torch
 
 from gateway import fields
 from tessera import __version__
-from tests.cluster import http_gateway
+from tessera.testbed.cluster import http_gateway
 
 MODEL = "tessera-demo"
 MAX_LOGPROBS = 5

@@ -24,8 +24,8 @@ from gateway import openai_api
 from gateway.choices import MAX_CHOICES
 from gateway.openapi import DOCUMENT, OPENAPI_PATH
 from tessera.launcher import free_port
-from tests.cluster import Cluster
-from tests.reference import assert_greedy_match, noise_image
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import assert_greedy_match, noise_image
 
 MODEL = "tessera-demo"
 # Generous for one tiny-model request on a loaded 2-core machine; only a hang reaches it.

@@ -16,9 +16,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from tessera import __version__
 from tessera.certs import write_role_certificates
 from tessera.launcher import free_port
+from tessera.testbed.cluster import Cluster
 from tessera.tls import tls_args
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
-from tests.cluster import Cluster
 
 SERVICES = {
     "gateway": "tessera.v1.GatewayService",
@@ -125,7 +125,7 @@ def test_encoder_and_decoder_metrics_parse_and_move(cluster):
     from prometheus_client.parser import text_string_to_metric_families
 
     from tessera.client import Client, Message
-    from tests.reference import noise_image
+    from tessera.testbed.reference import noise_image
 
     def scrape(name: str) -> dict[str, float]:
         url = f"http://127.0.0.1:{cluster.metrics_ports[name]}/metrics"

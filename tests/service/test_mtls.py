@@ -27,10 +27,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from tessera.certs import Authority, install, issue, new_authority, write_role_certificates
 from tessera.channels import ChannelPool
 from tessera.client import Client, Message
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.tls import TlsFiles, sync_channel
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
-from tests.cluster import Cluster
-from tests.reference import assert_greedy_match, noise_image
 
 pytestmark = pytest.mark.slow
 

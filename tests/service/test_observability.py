@@ -19,9 +19,9 @@ from gateway.metrics import FinishedRequest, GatewayMetrics
 from gateway.pipeline import ItemSources
 from gateway.stats_log import StatsLogger, decoders_stats
 from tessera.client import Client, Message
+from tessera.testbed.cluster import http_gateway, scrape_metrics
+from tessera.testbed.reference import noise_image
 from tessera.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.cluster import http_gateway, scrape_metrics
-from tests.reference import noise_image
 
 MODEL = "obs-model"
 REPO = Path(__file__).resolve().parents[2]

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from tessera.media import decode_image
+from tessera.testbed.reference import assert_greedy_match, noise_image
 from tessera.v1 import (
     common_pb2,
     decoder_pb2,
@@ -18,7 +19,6 @@ from tessera.v1 import (
     encoder_pb2_grpc,
 )
 from tests.direct import image_decode_request
-from tests.reference import assert_greedy_match, noise_image
 
 MAX_NEW_TOKENS = 8
 

@@ -27,11 +27,11 @@ from encoder_service.redis_format import encode_entry
 from encoder_service.redis_store import RedisStore, RedisStoreStats
 from tessera.media import decode_image
 from tessera.tensor_codec import RowBlock, itemsize
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.redis_server import PrivateRedis, RedisSecurity
+from tessera.testbed.reference import noise_image
+from tessera.testbed.tls_files import TlsFiles, make_tls_files
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
-from tests.cluster import Cluster
-from tests.redis_server import PrivateRedis, RedisSecurity
-from tests.reference import noise_image
-from tests.tls_files import TlsFiles, make_tls_files
 
 ADMIN_PASSWORD = f"admin-{uuid.uuid4().hex}"
 PASSWORD = f"tessera-{uuid.uuid4().hex}"

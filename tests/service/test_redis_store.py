@@ -31,7 +31,7 @@ from encoder_service.redis_format import (
 )
 from encoder_service.redis_store import RedisStore
 from tessera.tensor_codec import CodecError, RowBlock
-from tests.redis_server import PrivateRedis
+from tessera.testbed.redis_server import PrivateRedis
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
 T = TypeVar("T")

@@ -11,8 +11,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tessera.client import Client, Message
+from tessera.testbed.cluster import Cluster
 from tessera.v1 import common_pb2
-from tests.cluster import Cluster
 
 PROMPT = [Message("user", ["Tell me about the quiet river."])]
 OUTAGE_SECONDS = 12

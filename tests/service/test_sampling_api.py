@@ -14,8 +14,8 @@ import torch
 
 from gateway.generation_defaults import NEUTRAL, SamplingDefaults, load_sampling_defaults
 from tessera.launcher import free_port
-from tests.cluster import Cluster
-from tests.reference import ReferenceOutput, assert_greedy_match
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import ReferenceOutput, assert_greedy_match
 
 MODEL = "tessera-demo"
 PROMPT = "Say something, anything, and say it again."

@@ -17,9 +17,9 @@ from PIL import Image
 
 from tessera.client import Client, Message
 from tessera.launcher import free_port
+from tessera.testbed.cluster import http_gateway
+from tessera.testbed.reference import noise_image, to_template
 from tessera.v1 import common_pb2
-from tests.cluster import http_gateway
-from tests.reference import noise_image, to_template
 
 TESSERA = [sys.executable, "-m", "tessera.cli"]
 SERVICES = ("encoder", "decoder", "gateway")

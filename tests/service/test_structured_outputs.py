@@ -17,8 +17,8 @@ import pytest
 
 from tessera.client import Client, Message
 from tessera.launcher import free_port
+from tessera.testbed.cluster import Cluster
 from tessera.v1 import common_pb2
-from tests.cluster import Cluster
 
 MODEL = "demo-structured"
 PROMPT = "Describe a person as JSON."

@@ -18,9 +18,9 @@ import pytest
 from tessera.client import Client, Message
 from tessera.launcher import free_port
 from tessera.media import decode_image
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import noise_image
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc, gateway_pb2, gateway_pb2_grpc
-from tests.cluster import Cluster
-from tests.reference import noise_image
 
 KEYS = {"a": "key-of-tenant-a", "b": "key-of-tenant-b"}
 

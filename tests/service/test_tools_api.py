@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.cluster import http_gateway, scrape_metrics
+from tessera.testbed.cluster import http_gateway, scrape_metrics
 
 WEATHER_PARAMETERS = {
     "type": "object",

@@ -11,8 +11,8 @@ from tessera.audio import AudioError, decode_audio
 from tessera.media import ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality
-from tests.audio_files import ffmpeg_file, sound_file, tone
-from tests.reference import noise_image, reference_audio
+from tessera.testbed.audio_files import ffmpeg_file, sound_file, tone
+from tessera.testbed.reference import noise_image, reference_audio
 
 RATE = 16_000
 STEREO_44K = tone(1, 1.5, 44_100, channels=2)

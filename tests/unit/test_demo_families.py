@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoConfig
 
 from tessera.demo_models import AUDIO_DEMO_FAMILIES, DEMO_FAMILIES, make_demo_model
-from tests.audio_files import wav_clip
-from tests.reference import Reference, noise_image
+from tessera.testbed.audio_files import wav_clip
+from tessera.testbed.reference import Reference, noise_image
 
 NEW_FAMILIES = [name for name in DEMO_FAMILIES if name != "llava"]  # llava: test_demo_model.py
 MAX_NEW_TOKENS = 8

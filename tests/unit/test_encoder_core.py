@@ -23,7 +23,7 @@ from tessera.media import ProcessingOptions, decode_image
 from tessera.media_decoder import MediaLimits
 from tessera.placeholders import Modality
 from tessera.tensor_codec import encode_rows
-from tests.reference import noise_image
+from tessera.testbed.reference import noise_image
 
 FINGERPRINT = "f" * 32
 

@@ -14,8 +14,8 @@ from tessera.demo_models import DEMO_FAMILIES, make_demo_model
 from tessera.media import ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
-from tests.audio_files import wav_clip
-from tests.reference import noise_image
+from tessera.testbed.audio_files import wav_clip
+from tessera.testbed.reference import noise_image
 
 IMAGES = [noise_image(21, 60, 45), noise_image(22, 130, 40), noise_image(23, 30, 90)]
 CLIPS = [wav_clip(21, 1.5).data, wav_clip(22, 0.4, 44_100, 2).data, wav_clip(23, 3.0).data]

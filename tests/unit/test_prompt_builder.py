@@ -12,7 +12,7 @@ from gateway.prompt import PromptBuilder, PromptError
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.demo_models import make_demo_model
 from tessera.media_decoder import MediaLimits
-from tests.reference import Reference, noise_image, to_chat_inputs
+from tessera.testbed.reference import Reference, noise_image, to_chat_inputs
 
 IMAGE = noise_image(31, 130, 100)
 PROMPT = [("user", [IMAGE, "What is it?"])]

@@ -28,7 +28,7 @@ from tessera.startup_flags import (
     port_number,
     resolve_dtype,
 )
-from tests.reference import noise_image, to_chat_inputs, to_template
+from tessera.testbed.reference import noise_image, to_chat_inputs, to_template
 
 GATEWAY = ["--model", "m", "--encoders", "e:1", "--decoders", "d:1"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from tessera.launcher import free_port as service_free_port
-from tests.tls_files import TlsFiles
+from tessera.testbed.tls_files import TlsFiles
 
 
 def port_is_free(port: int) -> bool:
