@@ -44,7 +44,6 @@ def start_fleet(model: str, loopback: bool) -> tuple[Fleet, str]:
 
 def heal_everything(fleet: Fleet) -> None:
     """Back to a whole fleet between rows: every process running and serving."""
-    for name, proc in fleet.procs.items():
+    for proc in fleet.procs.values():
         proc.signal(signal.SIGCONT)  # nothing stays stopped
-        if not proc.running():
-            fleet.restart(name)
+    fleet.restart_all([name for name, proc in fleet.procs.items() if not proc.running()])

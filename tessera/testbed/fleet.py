@@ -134,11 +134,18 @@ class Fleet:
         self.procs[name].signal(signal.SIGCONT)
 
     def restart(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.running():
-            proc.kill()
-        proc.start()
-        proc.wait_serving()
+        self.restart_all([name])
+
+    def restart_all(self, names: list[str]) -> None:
+        """Starts them all again at once (their imports and model loads overlap), then
+        waits until each serves."""
+        for name in names:
+            proc = self.procs[name]
+            if proc.running():
+                proc.kill()
+            proc.start()
+        for name in names:
+            self.procs[name].wait_serving()
 
     # -- FleetControl: network faults (test hosts only) --
     def partition(self, a: str, b: str) -> None:
