@@ -31,6 +31,7 @@ from encoder_service.redis_format import (
 )
 from encoder_service.redis_store import RedisStore
 from tessera.tensor_codec import CodecError, RowBlock
+from tessera.testbed.clock import ManualClock
 from tessera.testbed.redis_server import PrivateRedis
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
@@ -422,20 +423,6 @@ def call_everything(store: RedisStore, block: RowBlock) -> Callable[[], Awaitabl
         ]
 
     return calls
-
-
-class ManualClock:
-    """The breaker's clock, moved by the test: backoff edges do not depend on how fast
-    the machine runs the calls between them."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def test_redis_down_then_back(private: PrivateRedis) -> None:

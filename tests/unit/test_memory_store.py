@@ -7,17 +7,7 @@ import pytest
 
 from encoder_service.memory_store import Lease, MemoryStore, PinLimits
 from tessera.tensor_codec import RowBlock
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tessera.testbed.clock import ManualClock
 
 
 def block(num_bytes: int = 100) -> RowBlock:
@@ -26,15 +16,15 @@ def block(num_bytes: int = 100) -> RowBlock:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 # Pin semantics apart from the pin bounds, which have tests of their own below.
 UNBOUNDED_PINS = PinLimits(max_pinned_bytes=10**12, max_bytes_per_owner=10**12)
 
 
-def store_of(max_bytes: int, clock: FakeClock, pins: PinLimits = UNBOUNDED_PINS) -> MemoryStore:
+def store_of(max_bytes: int, clock: ManualClock, pins: PinLimits = UNBOUNDED_PINS) -> MemoryStore:
     return MemoryStore(max_bytes, pins, clock=clock)
 
 
