@@ -27,7 +27,21 @@ def fleet(demo_model_dir, tmp_path_factory):
     redis_server.start()
     own = Cluster()
     model = ["--model", str(demo_model_dir)]
-    redis = ["--redis-url", redis_server.url, "--redis-timeout-seconds", "0.3"]
+    # Generous Redis and lease deadlines: single-flight across replicas holds while Redis
+    # answers and the computing replica renews its lease, and a loaded CI machine can
+    # stall either past a short deadline (a replica then computes too, correctly, and the
+    # compute-once test would count two). Kill and pause tests do not wait on them: a
+    # killed Redis refuses at once, a 2 s pause ends inside the deadline.
+    redis = [
+        "--redis-url",
+        redis_server.url,
+        "--redis-timeout-seconds",
+        "10",
+        "--compute-lease-ms",
+        "10000",
+        "--remote-wait-seconds",
+        "30",
+    ]
     try:
         encoders = [own.start(name, "encoder", [*model, *redis]) for name in ENCODERS]
         decoder = own.start("decoder", "decoder", [*model, "--encoders", ",".join(encoders)])
