@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +33,7 @@ from decoder_service.request import (
 from decoder_service.sampler import SamplerRow, TokenCounts, needs_counts, sample_batch
 from decoder_service.scheduler import ScheduledWork, Scheduler
 from tessera.adapters import ModelFamily
+from tessera.compute_thread import compute_thread
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 
 log = logging.getLogger("tessera.decoder")
@@ -76,7 +76,8 @@ class Engine:
         self.max_model_len = max_model_len
         self.counters = EngineCounters()
         self.grammars = GrammarCompiler.for_family(family)
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        # Forwards and sampling: every torch op of the decoder runs on this one thread.
+        self._compute = compute_thread()
         self._wakeup = asyncio.Event()
         self._requests: dict[str, RequestState] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -155,9 +156,8 @@ class Engine:
             await self._wait_for_rows()
             return
         inputs = [self._gather(work) for work in output.work]
-        loop = asyncio.get_running_loop()
         started = time.monotonic()
-        logits = await loop.run_in_executor(self._model_thread, self.runner.run, inputs)
+        logits = await self._compute.run(self.runner.run, inputs)
         self.counters.forward_seconds += time.monotonic() - started
         self.counters.num_steps += 1
         self.counters.num_batched_tokens += output.num_tokens
@@ -169,7 +169,18 @@ class Engine:
                     sampling.append((item.work, request_logits))
             except Exception as error:  # bookkeeping of one request: it ends alone
                 self._fail_after_forward(item.work.request, error)
-        self._sample_step(sampling)
+        if sampling:
+            sampled = await self._compute.run(self._sample_step, sampling)
+            for (work, _), token in zip(sampling, sampled, strict=True):
+                if work.request.finished:  # aborted while its token was drawn
+                    continue
+                if isinstance(token, Exception):
+                    self._fail_after_forward(work.request, token)
+                    continue
+                try:
+                    self._emit(work.request, token)
+                except Exception as error:
+                    self._fail_after_forward(work.request, error)
 
     # -- embeddings ----------------------------------------------------------------------
 
@@ -221,29 +232,25 @@ class Engine:
         self._cache_blocks(request)
         return True
 
-    def _sample_step(self, sampling: list[tuple[ScheduledWork, torch.Tensor]]) -> None:
-        """One `sample_batch` over every row that samples this step. Should the batch
-        fail, each row is sampled alone, so only the request at fault ends."""
-        if not sampling:
-            return
+    def _sample_step(
+        self, sampling: list[tuple[ScheduledWork, torch.Tensor]]
+    ) -> list[SampledToken | Exception]:
+        """One `sample_batch` over every row that samples this step, on the compute
+        thread. Should the batch fail, each row is sampled alone, so only the request at
+        fault gets its exception."""
         try:
             rows = [self._sampler_row(work.request, logits) for work, logits in sampling]
-            tokens = sample_batch(torch.stack([logits for _, logits in sampling]), rows)
+            return sample_batch(torch.stack([logits for _, logits in sampling]), rows)
         except Exception:
-            for work, logits in sampling:
-                try:
-                    token = sample_batch(
-                        logits.unsqueeze(0), [self._sampler_row(work.request, logits)]
-                    )
-                    self._emit(work.request, token[0])
-                except Exception as error:
-                    self._fail_after_forward(work.request, error)
-            return
-        for (work, _), token in zip(sampling, tokens, strict=True):
+            pass
+        results: list[SampledToken | Exception] = []
+        for work, logits in sampling:
             try:
-                self._emit(work.request, token)
+                row = self._sampler_row(work.request, logits)
+                results.append(sample_batch(logits.unsqueeze(0), [row])[0])
             except Exception as error:
-                self._fail_after_forward(work.request, error)
+                results.append(error)
+        return results
 
     def _sampler_row(self, request: RequestState, logits: torch.Tensor) -> SamplerRow:
         options = request.spec.sampling

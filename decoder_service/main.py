@@ -20,6 +20,7 @@ from decoder_service.scheduler import Scheduler
 from decoder_service.servicer import DecoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.channels import ChannelPool
+from tessera.compute_thread import compute_thread
 from tessera.config_common import served_model_name
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
@@ -80,7 +81,9 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         bytes_per_block,
         num_blocks * config.block_size,
     )
-    store = PagedKVStore(
+    # Allocated (zero-filled, a parallel op) on the compute thread, like every torch op.
+    store = compute_thread().call(
+        PagedKVStore,
         shape.num_layers,
         num_blocks,
         config.block_size,
@@ -135,7 +138,7 @@ async def run(config: DecoderConfig) -> None:
             config.dtype,  # a name; "auto" is resolved against the checkpoint
             text_attention=ATTENTION_NAME,
         )
-        family = await asyncio.to_thread(
+        family = await compute_thread().run(
             load_family, config.model, options, config.model_fingerprint
         )
         engine = build_engine(config, family, encoders)

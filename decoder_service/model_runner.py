@@ -66,18 +66,19 @@ class ModelRunner:
             )
             table = list(work.block_table)
             slot_mappings.append(self.store.slots(table, work.start, work.end, device))
+            num_blocks = -(-work.end // self.store.block_size)
             segments.append(
                 Segment(
                     offset,
                     offset + work.num_tokens,
                     work.start,
-                    self.store.slots(table, 0, work.end, device),
+                    torch.tensor(table[:num_blocks], dtype=torch.long, device=device),
                     self._bidirectional(work),
                 )
             )
             offset += work.num_tokens
 
-        metadata = AttentionMetadata(torch.cat(slot_mappings), tuple(segments))
+        metadata = AttentionMetadata.plan(torch.cat(slot_mappings), segments)
         media = PackedMedia(media_mask, torch.cat(extra_planes)) if extra_planes else None
         hidden = family.forward(
             embeds,

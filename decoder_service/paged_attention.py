@@ -4,7 +4,9 @@ One forward carries every scheduled request's tokens back to back (batch of one)
 language model computes Q, K, V and RoPE as usual; this function, registered with
 transformers' AttentionInterface, writes each new token's K/V into its slot of the
 paged store, then attends each request's queries to its own context (gathered through
-its block table) with a causal offset: a query at position p sees keys at positions <= p.
+its block table, whole blocks at a time) with a causal offset: a query at position p sees
+keys at positions <= p. The step's decode tokens (one query each) are attended together
+in one call (`DecodeBatch`); prefill chunks one by one.
 
 Two rules widen or narrow that, as the model's own mask does (Gemma 3):
 - inside a bidirectional item `[s, e)` a query sees every key of the item;
@@ -16,7 +18,8 @@ Everything here is device-agnostic torch; the same code runs on CUDA.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface
@@ -31,15 +34,80 @@ class Segment:
     query_start: int  # packed index of its first new token
     query_end: int
     num_past: int  # tokens already in its KV cache before this step
-    context_slots: torch.Tensor  # [num_past + num_new] slots of its whole context, in order
+    # [>= blocks_for(num_past + num_new)] blocks of its context, in order (a longer table
+    # is fine: only the first num_past + num_new slots are read).
+    block_table: torch.Tensor
     # Position ranges [start, end) of items whose tokens see each other both ways.
     bidirectional: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def num_new(self) -> int:
+        return self.query_end - self.query_start
+
+    @property
+    def num_context(self) -> int:
+        return self.num_past + self.num_new
+
+    @property
+    def is_decode(self) -> bool:
+        """One query that sees every key before it (plain causal, or a window): attended
+        with the step's other decode queries in one batched call."""
+        return self.num_new == 1 and not self.bidirectional
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """Every single-query segment of a step, attended together: their block tables are
+    padded to the longest (padding reads block 0 and is masked out), so each layer does
+    one gather of whole blocks and one SDPA call for the batch.
+
+    Two requests of 20 and 35 context tokens, block size 16: tables [[7, 2], [4, 9, 5]]
+    -> [[7, 2, 0], [4, 9, 5]], keys [2, 48]; request 0 sees keys 0..19, request 1 0..34.
+    """
+
+    query_indices: torch.Tensor  # [B] packed index of each query
+    block_tables: torch.Tensor  # [B, max_blocks]
+    context_lens: torch.Tensor  # [B] keys each query sees (its own position + 1)
+    # Sliding window (None: none) -> [B, 1, 1, max_blocks * block_size] visible keys.
+    # Built on the first layer that asks and shared by the others.
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def of(cls, segments: Sequence[Segment], device: torch.device) -> DecodeBatch:
+        width = max(len(s.block_table) for s in segments)
+        tables = torch.zeros(len(segments), width, dtype=torch.long, device=device)
+        for row, segment in enumerate(segments):
+            tables[row, : len(segment.block_table)] = segment.block_table
+        return cls(
+            torch.tensor([s.query_start for s in segments], device=device),
+            tables,
+            torch.tensor([s.num_context for s in segments], device=device),
+        )
+
+    def mask(self, block_size: int, sliding_window: int | None) -> torch.Tensor:
+        if sliding_window not in self.masks:
+            num_keys = self.block_tables.shape[1] * block_size
+            keys = torch.arange(num_keys, device=self.context_lens.device).unsqueeze(0)
+            lens = self.context_lens.unsqueeze(1)
+            visible = keys < lens
+            if sliding_window is not None:  # the query sits at position len - 1
+                visible &= keys > lens - 1 - sliding_window
+            self.masks[sliding_window] = visible[:, None, None, :]
+        return self.masks[sliding_window]
 
 
 @dataclass(frozen=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_packed_tokens] slot each new token's K/V goes to
-    segments: tuple[Segment, ...]
+    segments: tuple[Segment, ...]  # multi-token segments (prefill chunks), one by one
+    decode: DecodeBatch | None = None
+
+    @classmethod
+    def plan(cls, slot_mapping: torch.Tensor, segments: Sequence[Segment]) -> AttentionMetadata:
+        """Splits a step's segments into the decode batch and the rest."""
+        decode = [s for s in segments if s.is_decode]
+        batch = DecodeBatch.of(decode, slot_mapping.device) if decode else None
+        return cls(slot_mapping, tuple(s for s in segments if not s.is_decode), batch)
 
 
 class PagedKVStore:
@@ -101,23 +169,49 @@ def paged_attention(
     output = torch.empty(
         query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype, device=query.device
     )
+    block_size = tessera_kv.block_size
+    gqa = key.shape[1] != query.shape[1]
     for segment in tessera_metadata.segments:
         q = query[:, :, segment.query_start : segment.query_end]
-        k = k_cache.index_select(0, segment.context_slots).transpose(0, 1).unsqueeze(0)
-        v = v_cache.index_select(0, segment.context_slots).transpose(0, 1).unsqueeze(0)
-        num_new = segment.query_end - segment.query_start
-        mask = _mask(segment, num_new, sliding_window, q.device)
+        num_context = segment.num_context
+        k = _gather_blocks(k_cache, block_size, segment.block_table.unsqueeze(0))
+        v = _gather_blocks(v_cache, block_size, segment.block_table.unsqueeze(0))
+        mask = _mask(segment, segment.num_new, sliding_window, q.device)
         attended = torch.nn.functional.scaled_dot_product_attention(
             q,
-            k,
-            v,
+            k[:, :, :num_context],
+            v[:, :, :num_context],
             attn_mask=mask,
-            is_causal=mask is None and segment.num_past == 0 and num_new > 1,
+            is_causal=mask is None and segment.num_past == 0 and segment.num_new > 1,
             scale=scaling,
-            enable_gqa=k.shape[1] != q.shape[1],
+            enable_gqa=gqa,
         )
         output[segment.query_start : segment.query_end] = attended[0].transpose(0, 1)
+    batch = tessera_metadata.decode
+    if batch is not None:
+        # [heads, T, d] -> the decode queries as a batch: [B, heads, 1, d]
+        q = query[0].index_select(1, batch.query_indices).transpose(0, 1).unsqueeze(2)
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            _gather_blocks(k_cache, block_size, batch.block_tables),
+            _gather_blocks(v_cache, block_size, batch.block_tables),
+            attn_mask=batch.mask(block_size, sliding_window),
+            scale=scaling,
+            enable_gqa=gqa,
+        )
+        output[batch.query_indices] = attended[:, :, 0]
     return output.unsqueeze(0), None
+
+
+def _gather_blocks(
+    cache: torch.Tensor, block_size: int, block_tables: torch.Tensor
+) -> torch.Tensor:
+    """`[B, max_blocks]` tables -> `[B, kv_heads, max_blocks * block_size, d]`: one copy
+    of whole blocks (contiguous runs of `block_size` slots), not one index per slot."""
+    num_tables, width = block_tables.shape
+    blocks = cache.view(-1, block_size, *cache.shape[1:])
+    gathered = blocks.index_select(0, block_tables.reshape(-1))
+    return gathered.view(num_tables, width * block_size, *cache.shape[1:]).transpose(1, 2)
 
 
 def _mask(

@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from tessera.compute_thread import compute_thread
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -74,7 +75,6 @@ class Batcher(Generic[Item, Result]):
         self._num_queued = 0
         self._queued_cost = 0
         self._arrived = asyncio.Event()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -102,8 +102,9 @@ class Batcher(Generic[Item, Result]):
             self.stats.record(len(batch))
             started = loop.time()
             try:
-                outcomes = await loop.run_in_executor(
-                    self._thread, self._run_batch, [waiting.item for waiting in batch]
+                # The model runs on the process's one torch thread (compute_thread).
+                outcomes = await compute_thread().run(
+                    self._run_batch, [waiting.item for waiting in batch]
                 )
             except Exception as error:  # the model failed: every waiter hears of it
                 outcomes = [RuntimeError(f"encoding failed: {error}")] * len(batch)

@@ -13,6 +13,7 @@ from encoder_service.redis_connection import redis_settings
 from encoder_service.redis_format import RowShape
 from encoder_service.servicer import CallLimits, EncoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
+from tessera.compute_thread import compute_thread
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.server import serve, service_spec
@@ -45,7 +46,7 @@ async def run(config: EncoderConfig) -> None:
             config.device,
             config.dtype,  # a name; "auto" is resolved against the checkpoint
         )
-        family = await asyncio.to_thread(
+        family = await compute_thread().run(
             load_family, config.model, options, config.model_fingerprint
         )
         shared = None

@@ -19,6 +19,7 @@ from gateway.stats_log import StatsLogger, decoders_stats
 from gateway.tools import ToolSettings
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
+from tessera.compute_thread import compute_thread
 from tessera.config_common import served_model_names
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
@@ -49,7 +50,7 @@ async def run(config: GatewayConfig) -> None:
     async def load() -> str:
         chat_template = load_chat_template(config.chat_template) if config.chat_template else None
         options = LoadOptions(ModelPart.PROCESSOR, chat_template=chat_template)
-        family = await asyncio.to_thread(
+        family = await compute_thread().run(
             load_family, config.model, options, config.model_fingerprint
         )
         # Fails the start, not each request, when the checkpoint's sampling settings are wrong.

@@ -18,6 +18,7 @@ from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
 from gateway.resume import as_one_answer, can_resume, continuation
 from gateway.router import DecoderRouter
 from tessera.channels import ChannelPool
+from tessera.compute_thread import compute_thread
 from tessera.rendezvous import encoder_order
 from tessera.replicas import ReplicaSet
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
@@ -153,7 +154,8 @@ class GenerationPipeline:
         if request.prompt_token_ids is not None:
             prompt = self.builder.from_token_ids(request.prompt_token_ids)
         else:
-            prompt = await asyncio.to_thread(
+            # The processor's torch ops, on the one thread that runs them (compute_thread).
+            prompt = await compute_thread().run(
                 self.builder.build,
                 request.messages,
                 request.processing_options,

@@ -1,0 +1,165 @@
+"""The cost of one decode step, by batch size, against `generate()`'s per-token cost.
+
+Both sides run in this process on the same checkpoint and the same text prompts (no
+media: this measures the language model's step, not the fetches):
+- `tessera`: the decoder's own engine (`build_engine`, paged attention, the scheduler and
+  batched sampler), `n` requests queued together. A request's decode cost is the
+  engine's forward time for `max_tokens = 1 + k` minus that for `max_tokens = 1`
+  (prefill only), divided by `k`: the prefill cancels out.
+- `generate()`: one request at a time, the same subtraction on its wall time.
+Everything runs on the process's compute thread, as in the services.
+
+Usage: python -m benchmarks.step [--model DIR] [--batch-sizes 1 2 4 8] [--prompt-tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.common import bench_model, markdown_table
+from decoder_service.config import DecoderConfig
+from decoder_service.main import build_engine, encoder_replicas
+from decoder_service.main import build_parser as build_decoder_parser
+from decoder_service.paged_attention import ATTENTION_NAME
+from decoder_service.request import DecodeSpec, SamplingOptions
+from tessera.adapters import LoadOptions, ModelPart, load_family
+from tessera.compute_thread import compute_thread
+
+NUM_DECODE_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class StepCost:
+    batch_size: int
+    step_ms: float  # one engine step decoding `batch_size` requests
+    per_request_ms: float
+
+
+def prompts(num_requests: int, num_tokens: int, vocab: int) -> list[tuple[int, ...]]:
+    generator = torch.Generator().manual_seed(num_tokens)
+    return [
+        tuple(torch.randint(10, vocab - 10, (num_tokens,), generator=generator).tolist())
+        for _ in range(num_requests)
+    ]
+
+
+def engine_forward_seconds(family, model: str, token_ids: list[tuple[int, ...]], k: int) -> float:
+    """Forward time of one engine serving every prompt together, `1 + k` tokens each."""
+    flags = ["--model", model, "--max-num-seqs", "64", "--max-num-batched-tokens", "8192"]
+    config = DecoderConfig.from_args(build_decoder_parser().parse_args(flags))
+    engine = build_engine(config, family, encoder_replicas(config))
+
+    async def run() -> None:
+        async def one(index: int, prompt: tuple[int, ...]) -> None:
+            sampling = SamplingOptions(max_tokens=1 + k, ignore_eos=True)
+            spec = DecodeSpec(f"step-{index}", prompt, (), sampling, max_chunk_tokens=4096)
+            async for _ in engine.generate(spec):
+                pass
+
+        tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(token_ids)]
+        while len(engine.scheduler.waiting) < len(token_ids):
+            await asyncio.sleep(0)
+        engine.start()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(run())
+    return engine.counters.forward_seconds
+
+
+def tessera_step(family, model: str, batch_size: int, prompt_tokens: int, repeats: int) -> float:
+    token_ids = prompts(batch_size, prompt_tokens, family.vocab_size)
+    samples = []
+    for _ in range(repeats):
+        prefill = engine_forward_seconds(family, model, token_ids, 0)
+        total = engine_forward_seconds(family, model, token_ids, NUM_DECODE_TOKENS)
+        samples.append((total - prefill) / NUM_DECODE_TOKENS)
+    return statistics.median(samples)
+
+
+def generate_token_seconds(model: str, prompt_tokens: int, repeats: int) -> float:
+    from transformers import AutoModelForImageTextToText
+
+    hf = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.float32).eval()
+    (prompt,) = prompts(1, prompt_tokens, hf.config.get_text_config().vocab_size)
+    input_ids = torch.tensor([prompt])
+
+    def seconds(new_tokens: int) -> float:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(
+                input_ids=input_ids,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+            )
+        return time.perf_counter() - started
+
+    seconds(2)  # warm-up
+    samples = [
+        (seconds(1 + NUM_DECODE_TOKENS) - seconds(1)) / NUM_DECODE_TOKENS for _ in range(repeats)
+    ]
+    return statistics.median(samples)
+
+
+def measure(model: str, batch_sizes: list[int], prompt_tokens: int, repeats: int) -> dict:
+    options = LoadOptions(
+        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
+    )
+    # Every torch op on one thread, as the services run them (tessera.compute_thread).
+    family = compute_thread().call(load_family, model, options)
+    tessera_step(family, model, 1, prompt_tokens, 1)  # warm-up
+    costs = []
+    for batch_size in batch_sizes:
+        step = tessera_step(family, model, batch_size, prompt_tokens, repeats)
+        costs.append(StepCost(batch_size, step * 1000, step * 1000 / batch_size))
+        print(f"batch {batch_size}: decode step {step * 1000:.2f} ms", flush=True)
+    reference = compute_thread().call(generate_token_seconds, model, prompt_tokens, repeats)
+    reference *= 1000
+    print(f"generate(): {reference:.2f} ms per token", flush=True)
+    return {"prompt_tokens": prompt_tokens, "generate_ms": reference, "costs": costs}
+
+
+def table(result: dict) -> str:
+    single = result["costs"][0].step_ms
+    rows = [
+        [
+            str(cost.batch_size),
+            f"{cost.step_ms:.2f}",
+            f"{cost.step_ms / single:.2f}x",
+            f"{cost.per_request_ms:.2f}",
+            f"{cost.step_ms / result['generate_ms']:.2f}x",
+        ]
+        for cost in result["costs"]
+    ]
+    header = [
+        "decoding requests",
+        "step ms",
+        "step / step of 1",
+        "ms per request",
+        "step / generate() token",
+    ]
+    return markdown_table(header, rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = bench_model(args.model, "llava")
+    result = measure(model, args.batch_sizes, args.prompt_tokens, args.repeats)
+    print(f"generate(): {result['generate_ms']:.2f} ms per token, prompt {args.prompt_tokens}")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
