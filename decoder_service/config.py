@@ -39,6 +39,8 @@ class DecoderConfig:
     max_chunk_tokens: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    max_prefills_per_step: int
+    max_prefill_age_steps: int
     max_model_len: int | None
     default_max_tokens: int
     fetch_timeout_seconds: float
@@ -67,14 +69,19 @@ class DecoderConfig:
         )
         if config.max_chunk_tokens < 1:
             raise SystemExit(f"--max-chunk-tokens must be >= 1, got {config.max_chunk_tokens}")
-        # With room for one chunk beside every other request's decode, the oldest prompt
-        # always gets its chunk: no prompt starves behind a stream of short requests.
+        # With room for one chunk beside every other request's decode, the first prompt in
+        # prefill order always gets its chunk; with the age bound, no prompt starves
+        # behind a stream of short requests.
         needed = config.max_chunk_tokens + config.max_num_seqs - 1
         if config.max_num_batched_tokens < needed:
             raise SystemExit(
                 f"--max-num-batched-tokens must be >= --max-chunk-tokens + --max-num-seqs - 1 "
                 f"({needed}), so a prompt chunk always fits beside the running decodes; got "
                 f"{config.max_num_batched_tokens}"
+            )
+        if config.max_prefills_per_step < 1 or config.max_prefill_age_steps < 0:
+            raise SystemExit(
+                "--max-prefills-per-step must be >= 1 and --max-prefill-age-steps >= 0"
             )
         if config.block_size < 1 or config.kv_cache_bytes < 1:
             raise SystemExit("--block-size and --kv-cache-bytes must be positive")
@@ -112,6 +119,21 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=2048,
         help="token budget of one engine step (decodes first, then prefill chunks)",
+    )
+    parser.add_argument(
+        "--max-prefills-per-step",
+        type=int,
+        default=1,
+        help="most prompts that get a prefill chunk in one step; the prompt closest to its "
+        "first token goes first (a burst of prompts then finishes one after another, "
+        "instead of all together at the end)",
+    )
+    parser.add_argument(
+        "--max-prefill-age-steps",
+        type=int,
+        default=64,
+        help="a prompt running longer than this many steps goes before younger prompts "
+        "(oldest first), however long it is, so none starves",
     )
     parser.add_argument(
         "--max-model-len",

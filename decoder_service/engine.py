@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-from decoder_service.block_hash import block_hashes
 from decoder_service.embedding_client import EmbeddingClient
 from decoder_service.grammar import GrammarCompiler
 from decoder_service.model_runner import ModelRunner, WorkInput
@@ -31,7 +30,7 @@ from decoder_service.request import (
     SampledToken,
 )
 from decoder_service.sampler import SamplerRow, TokenCounts, needs_counts, sample_batch
-from decoder_service.scheduler import ScheduledWork, Scheduler
+from decoder_service.scheduler import ScheduledChunk, Scheduler
 from tessera.adapters import ModelFamily
 from tessera.compute_thread import compute_thread
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
@@ -148,39 +147,43 @@ class Engine:
     async def step(self) -> None:
         self._refresh_rows()
         output = self.scheduler.schedule()
-        for request in output.preempted:
-            self.prefetcher.drop(request)
+        for request_id in output.preempted:
+            self.prefetcher.drop(self._requests[request_id])
         for request in self.scheduler.running:
             self.prefetcher.plan(request)
-        if not output.work:
+        if not output.chunks:
             await self._wait_for_rows()
             return
-        inputs = [self._gather(work) for work in output.work]
+        inputs = [self._gather(chunk) for chunk in output.chunks]
         started = time.monotonic()
         logits = await self._compute.run(self.runner.run, inputs)
         self.counters.forward_seconds += time.monotonic() - started
         self.counters.num_steps += 1
         self.counters.num_batched_tokens += output.num_tokens
-        self.counters.num_scheduled_requests += len(output.work)
-        sampling: list[tuple[ScheduledWork, torch.Tensor]] = []
-        for item, request_logits in zip(inputs, logits, strict=True):
-            try:
-                if self._advance(item.work) and request_logits is not None:
-                    sampling.append((item.work, request_logits))
-            except Exception as error:  # bookkeeping of one request: it ends alone
-                self._fail_after_forward(item.work.request, error)
+        self.counters.num_scheduled_requests += len(output.chunks)
+        update = self.scheduler.update_from_output(output)
+        for request, error in update.failed:  # bookkeeping of one request: it ends alone
+            self._fail_after_forward(request, error)
+        logits_of = dict(zip((c.request_id for c in output.chunks), logits, strict=True))
+        for request in update.advanced:
+            if request.num_computed_tokens >= request.num_prompt_tokens:
+                self._release_leases(request)
+        sampling = [(r, logits_of[r.request_id]) for r in update.sampling]
         if sampling:
-            sampled = await self._compute.run(self._sample_step, sampling)
-            for (work, _), token in zip(sampling, sampled, strict=True):
-                if work.request.finished:  # aborted while its token was drawn
-                    continue
-                if isinstance(token, Exception):
-                    self._fail_after_forward(work.request, token)
-                    continue
-                try:
-                    self._emit(work.request, token)
-                except Exception as error:
-                    self._fail_after_forward(work.request, error)
+            await self._sample_and_emit(sampling)
+
+    async def _sample_and_emit(self, sampling: list[tuple[RequestState, torch.Tensor]]) -> None:
+        sampled = await self._compute.run(self._sample_step, sampling)
+        for (request, _), token in zip(sampling, sampled, strict=True):
+            if request.finished:  # aborted while its token was drawn
+                continue
+            if isinstance(token, Exception):
+                self._fail_after_forward(request, token)
+                continue
+            try:
+                self._emit(request, token)
+            except Exception as error:
+                self._fail_after_forward(request, error)
 
     # -- embeddings ----------------------------------------------------------------------
 
@@ -204,49 +207,38 @@ class Engine:
         if pending:
             self.counters.fetch_wait_seconds += time.monotonic() - started
 
-    def _gather(self, work: ScheduledWork) -> WorkInput:
-        request = work.request
-        rows = self.prefetcher.take(request, work.start, work.end)
-        if work.start < request.num_prompt_tokens:
+    def _gather(self, chunk: ScheduledChunk) -> WorkInput:
+        request = self._requests[chunk.request_id]
+        rows = self.prefetcher.take(request, chunk.start, chunk.end)
+        if chunk.start < request.num_prompt_tokens:
             request.stats.chunks.append(
                 ChunkRecord(
-                    work.start,
-                    work.end,
+                    chunk.start,
+                    chunk.end,
                     sum(r.slice.num_rows for r in rows),
                     sum(r.num_bytes for r in rows),
                 )
             )
             request.stats.num_reencoded_items += sum(r.reencoded for r in rows)
-        return WorkInput(work, rows)
+        return WorkInput(chunk, rows)
 
     # -- postprocess ---------------------------------------------------------------------
 
-    def _advance(self, work: ScheduledWork) -> bool:
-        """Records the computed chunk; False when the request is gone."""
-        request = work.request
-        if request.finished or request not in self.scheduler.running:
-            return False
-        request.num_computed_tokens = work.end
-        if request.num_computed_tokens >= request.num_prompt_tokens:
-            self._release_leases(request)
-        self._cache_blocks(request)
-        return True
-
     def _sample_step(
-        self, sampling: list[tuple[ScheduledWork, torch.Tensor]]
+        self, sampling: list[tuple[RequestState, torch.Tensor]]
     ) -> list[SampledToken | Exception]:
         """One `sample_batch` over every row that samples this step, on the compute
         thread. Should the batch fail, each row is sampled alone, so only the request at
         fault gets its exception."""
         try:
-            rows = [self._sampler_row(work.request, logits) for work, logits in sampling]
+            rows = [self._sampler_row(request, logits) for request, logits in sampling]
             return sample_batch(torch.stack([logits for _, logits in sampling]), rows)
         except Exception:
             pass
         results: list[SampledToken | Exception] = []
-        for work, logits in sampling:
+        for request, logits in sampling:
             try:
-                row = self._sampler_row(work.request, logits)
+                row = self._sampler_row(request, logits)
                 results.append(sample_batch(logits.unsqueeze(0), [row])[0])
             except Exception as error:
                 results.append(error)
@@ -315,21 +307,6 @@ class Engine:
             stats.num_embedding_bytes,
             stats.num_preemptions,
         )
-
-    def _cache_blocks(self, request: RequestState) -> None:
-        kv = self.scheduler.kv
-        if not kv.enable_prefix_caching:
-            return
-        num_full = request.num_computed_tokens // kv.block_size
-        if len(request.block_hashes) < num_full:
-            request.block_hashes = block_hashes(
-                [request.token_at(p) for p in range(num_full * kv.block_size)],
-                request.spec.ranges,
-                kv.block_size,
-                known=request.block_hashes,
-                salt=request.spec.cache_salt,
-            )
-        kv.cache_full_blocks(request.request_id, request.block_hashes, num_full)
 
     def _finish_reason(self, request: RequestState, token: SampledToken) -> FinishReason | None:
         options = request.spec.sampling

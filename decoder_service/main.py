@@ -105,7 +105,13 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
     prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, row_width * 4)
     return Engine(
         family,
-        Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens),
+        Scheduler(
+            kv,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.max_prefills_per_step,
+            config.max_prefill_age_steps,
+        ),
         ModelRunner(family, store),
         prefetcher,
         embeddings,

@@ -1,7 +1,8 @@
 """Runs one engine step on the model: a single packed forward over every scheduled
 request's tokens (prefill chunks and decode tokens together).
 
-For each piece of work it embeds the tokens, writes fetched media rows into the
+For each scheduled chunk (plain data: ids, tokens, block table; never a request object)
+it embeds the tokens, writes fetched media rows into the
 embeddings by position index (never by matching token ids), and computes positions and
 KV slots from the request's block table; the attention itself is
 `paged_attention.paged_attention`. Rows wider than the hidden size carry more planes
@@ -19,13 +20,13 @@ import torch
 
 from decoder_service.embedding_client import FetchedRows
 from decoder_service.paged_attention import AttentionMetadata, PagedKVStore, Segment
-from decoder_service.scheduler import ScheduledWork
+from decoder_service.scheduler import ScheduledChunk
 from tessera.adapters import ModelFamily, PackedMedia
 
 
 @dataclass(frozen=True)
 class WorkInput:
-    work: ScheduledWork
+    chunk: ScheduledChunk
     rows: Sequence[FetchedRows]
 
 
@@ -36,12 +37,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, inputs: Sequence[WorkInput]) -> list[torch.Tensor | None]:
-        """Per work item: `[vocab]` float32 logits of its last position if it samples."""
+        """Per chunk: `[vocab]` float32 logits of its last position if it samples."""
         family, device = self.family, self.family.device
-        token_ids: list[int] = []
-        for item in inputs:
-            request = item.work.request
-            token_ids += [request.token_at(p) for p in range(item.work.start, item.work.end)]
+        token_ids = [token for item in inputs for token in item.chunk.token_ids]
         embeds = family.embed_tokens(torch.tensor(token_ids, dtype=torch.long, device=device))
         media_mask = torch.zeros(len(token_ids), dtype=torch.bool, device=device)
         extra_planes: list[torch.Tensor] = []
@@ -49,7 +47,7 @@ class ModelRunner:
         positions, slot_mappings, segments = [], [], []
         offset = 0
         for item in inputs:
-            work = item.work
+            work = item.chunk
             for fetched in item.rows:
                 first = offset + fetched.slice.position_start - work.start
                 last = first + fetched.slice.num_rows
@@ -58,11 +56,8 @@ class ModelRunner:
                 if family.num_planes > 1:
                     media_mask[first:last] = True
                     extra_planes.append(rows[:, family.hidden_size :])
-            request = work.request
             positions.append(
-                family.positions(
-                    request.num_prompt_tokens, request.spec.ranges, work.start, work.end
-                )
+                family.positions(work.num_prompt_tokens, work.items, work.start, work.end)
             )
             table = list(work.block_table)
             slot_mappings.append(self.store.slots(table, work.start, work.end, device))
@@ -87,7 +82,7 @@ class ModelRunner:
             tessera_metadata=metadata,
             tessera_kv=self.store,
         )
-        sampling = [i for i, item in enumerate(inputs) if item.work.samples]
+        sampling = [i for i, item in enumerate(inputs) if item.chunk.samples]
         if not sampling:
             return [None] * len(inputs)
         last = torch.tensor([segments[i].query_end - 1 for i in sampling], device=device)
@@ -97,12 +92,12 @@ class ModelRunner:
             results[index] = logits[row]
         return results
 
-    def _bidirectional(self, work: ScheduledWork) -> tuple[tuple[int, int], ...]:
+    def _bidirectional(self, work: ScheduledChunk) -> tuple[tuple[int, int], ...]:
         """Items of the work's positions whose tokens attend both ways, if the family's do."""
         if not self.family.attention.bidirectional_items:
             return ()
         return tuple(
             (item.offset, item.end)
-            for item in work.request.spec.ranges
+            for item in work.items
             if item.offset < work.end and work.start < item.end
         )

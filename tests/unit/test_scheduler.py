@@ -30,10 +30,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from decoder_service.block_hash import block_hashes
 from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import DecodeSpec, MediaSource, RequestState, SamplingOptions
-from decoder_service.scheduler import Scheduler, SchedulerOutput
+from decoder_service.scheduler import UNLIMITED, ScheduledChunk, Scheduler, SchedulerOutput
 from tessera.placeholders import Modality, PlaceholderRange
 
 PLACEHOLDER = 9
@@ -101,9 +100,14 @@ class Simulator:
         max_num_seqs: int,
         budget: int,
         prefix_caching: bool = True,
+        max_prefills_per_step: int = UNLIMITED,
+        max_prefill_age_steps: int = 64,
     ):
         self.kv = KVCacheManager(num_blocks, block_size, prefix_caching)
-        self.scheduler = Scheduler(self.kv, max_num_seqs, budget)
+        self.scheduler = Scheduler(
+            self.kv, max_num_seqs, budget, max_prefills_per_step, max_prefill_age_steps
+        )
+        self.admitted_at: dict[str, int] = {}  # request id -> step of its last admission
         self.step_index = 0
         self.arrivals: list[Arrival] = []
         self.requests: dict[str, RequestState] = {}
@@ -165,15 +169,16 @@ class Simulator:
         self.check_output(output, running_before, waiting_before, decoding_before, outputs_before)
 
         # Engine: drop the fetches of preempted requests, plan fetches for running ones.
-        for request in output.preempted:
-            self.fetches[request.request_id].clear()
-            request.ready_chunks.clear()
+        for request_id in output.preempted:
+            self.fetches[request_id].clear()
+            self.admitted_at.pop(request_id, None)
+        for request_id in output.admitted:
+            self.admitted_at[request_id] = self.step_index
         for request in scheduler.running:
             self.plan(request)
-        for work in output.work:
-            self.forward(work)
-        for work in output.work:
-            self.postprocess(work)
+        for chunk in output.chunks:
+            self.forward(chunk)
+        self.postprocess(output)
         self.check_blocks()
         self.step_index += 1
         return output
@@ -201,8 +206,11 @@ class Simulator:
             keys.append(hash((previous, request.token_at(position), rows)))
         return keys
 
-    def forward(self, work) -> None:
-        request = work.request
+    def forward(self, work: ScheduledChunk) -> None:
+        request = self.requests[work.request_id]
+        assert work.token_ids == tuple(request.token_at(p) for p in range(work.start, work.end))
+        assert work.num_prompt_tokens == request.num_prompt_tokens
+        assert work.items == tuple(request.spec.ranges)
         keys = self.expected_keys(request)
         size = self.kv.block_size
         for position in range(work.start):
@@ -217,32 +225,29 @@ class Simulator:
             assert block.block_hash is None, f"{request.request_id} overwrites a cached block"
             self.kv_store[(block.block_id, position % size)] = keys[position]
 
-    def postprocess(self, work) -> None:
-        """What `Engine._postprocess` does, with a fake sampler."""
-        request = work.request
-        assert request in self.scheduler.running
-        self.fetches[request.request_id].pop((work.start, work.end), None)
-        request.num_computed_tokens = work.end
-        kv = self.kv
-        if kv.enable_prefix_caching:
-            num_full = request.num_computed_tokens // kv.block_size
-            if len(request.block_hashes) < num_full:
-                request.block_hashes = block_hashes(
-                    [request.token_at(p) for p in range(num_full * kv.block_size)],
-                    request.spec.ranges,
-                    kv.block_size,
-                    known=request.block_hashes,
-                    salt=request.spec.cache_salt,
-                )
-            kv.cache_full_blocks(request.request_id, request.block_hashes, num_full)
-        if not work.samples:
-            return
-        request.output_token_ids.append(fake_token([request.token_at(p) for p in range(work.end)]))
-        if len(request.output_token_ids) >= request.spec.sampling.max_tokens:
-            request.finished = True
-            self.scheduler.remove(request)
-            self.fetches[request.request_id].clear()
-            self.finished_at[request.request_id] = self.step_index
+    def postprocess(self, output: SchedulerOutput) -> None:
+        """What the engine does after the forward: the scheduler's own bookkeeping, then a
+        token for each request at its last position (a fake sampler), finishing a request
+        after `max_tokens` via `scheduler.remove`."""
+        update = self.scheduler.update_from_output(output)
+        assert not update.failed
+        assert [r.request_id for r in update.advanced] == [c.request_id for c in output.chunks]
+        assert [r.request_id for r in update.sampling] == [
+            c.request_id for c in output.chunks if c.samples
+        ]
+        for chunk in output.chunks:
+            request = self.requests[chunk.request_id]
+            assert request.num_computed_tokens == chunk.end
+            self.fetches[request.request_id].pop((chunk.start, chunk.end), None)
+        for request in update.sampling:
+            request.output_token_ids.append(
+                fake_token([request.token_at(p) for p in range(request.num_computed_tokens)])
+            )
+            if len(request.output_token_ids) >= request.spec.sampling.max_tokens:
+                request.finished = True
+                self.scheduler.remove(request)
+                self.fetches[request.request_id].clear()
+                self.finished_at[request.request_id] = self.step_index
 
     # -- invariants ----------------------------------------------------------------------
 
@@ -258,61 +263,74 @@ class Simulator:
         step = self.step_index
         budget = scheduler.max_num_batched_tokens
         assert output.budget == budget - output.num_tokens  # what is left of the budget
-        assert output.num_tokens <= budget or len(output.work) == 1, (
+        assert output.num_tokens <= budget or len(output.chunks) == 1, (
             f"step {step}: {output.num_tokens} tokens over a budget of {budget} in "
-            f"{len(output.work)} work items"
+            f"{len(output.chunks)} chunks"
         )
         self.num_oversized_steps += output.num_tokens > budget
         assert len(scheduler.running) <= scheduler.max_num_seqs
 
-        scheduled = [work.request for work in output.work]
+        requests = self.requests
+        scheduled = [requests[chunk.request_id] for chunk in output.chunks]
+        preempted = [requests[i] for i in output.preempted]
+        admitted = [requests[i] for i in output.admitted]
         assert len(set(scheduled)) == len(scheduled), "a request runs twice in one step"
-        # Priority: decodes, then other running requests oldest first, then admissions.
-        others_before = [r for r in running_before if r not in decoding_before]
-        priority = [*decoding_before, *others_before, *output.admitted]
-        assert scheduled == [r for r in priority if r in scheduled], f"step {step}: order"
-        for work in output.work:
-            request = work.request
+        # Admission: oldest first, nobody overtakes the head; a request admitted this step
+        # may be preempted again in the same step (then it is not in `admitted`).
+        admitted_all = [r for r in waiting_before if r in admitted or r in preempted]
+        assert admitted_all == waiting_before[: len(admitted_all)], f"step {step}: admission"
+        # Priority: decodes in running order, then prefill chunks closest to their first
+        # token first (those past the age bound before all others, oldest first).
+        decodes = [r for r in scheduled if r in decoding_before]
+        prefills = [r for r in scheduled if r not in decoding_before]
+        assert scheduled == decodes + prefills, f"step {step}: decodes first"
+        assert decodes == [r for r in decoding_before if r in decodes]
+        assert len(prefills) <= scheduler.max_prefills_per_step
+        order = self.prefill_order([*running_before, *admitted_all], decoding_before, step)
+        assert prefills == [r for r in order if r in prefills], f"step {step}: prefill order"
+        for chunk in output.chunks:
+            request = requests[chunk.request_id]
             assert request in scheduler.running
-            assert work.start == request.num_computed_tokens
-            assert work.end == min(work.start + request.spec.max_chunk_tokens, request.num_tokens)
-            assert work.samples == (work.end == request.num_tokens)
-            assert work.block_table == tuple(kv.block_table(request.request_id))
-            assert len(work.block_table) >= kv.blocks_for(work.end)
-            if request.chunk_needs_rows(work.start, work.end):
-                started = self.fetches[request.request_id].get((work.start, work.end))
+            assert chunk.start == request.num_computed_tokens
+            assert chunk.end == min(chunk.start + request.spec.max_chunk_tokens, request.num_tokens)
+            assert chunk.samples == (chunk.end == request.num_tokens)
+            assert chunk.block_table == tuple(kv.block_table(request.request_id))
+            assert len(chunk.block_table) >= kv.blocks_for(chunk.end)
+            if request.chunk_needs_rows(chunk.start, chunk.end):
+                started = self.fetches[request.request_id].get((chunk.start, chunk.end))
                 assert started is not None, f"step {step}: a media chunk ran, never fetched"
                 assert step - started >= self.delay[request.request_id], (
                     f"step {step}: a media chunk ran before its rows arrived"
                 )
-                assert (work.start, work.end) in request.ready_chunks
+                assert (chunk.start, chunk.end) in request.ready_chunks
 
         # Decodes are never starved: each running decode runs unless preempted.
         for request in decoding_before:
-            assert request in scheduled or request in output.preempted, (
+            assert request in scheduled or request in preempted, (
                 f"step {step}: decoding {request.request_id} skipped"
             )
 
-        # The oldest running prefill whose rows are there gets its chunk whenever the budget
+        # The first ready prefill in priority order gets its chunk whenever the budget
         # holds it beside every decode (it may only lose it to preemption).
-        ready = [r for r in others_before if not self.awaits_rows(r)]
-        if ready and len(decoding_before) + ready[0].spec.max_chunk_tokens <= budget:
-            assert ready[0] in scheduled or ready[0] in output.preempted, (
-                f"step {step}: oldest prefill {ready[0].request_id} skipped"
-            )
+        ready = [
+            r
+            for r in order
+            if not self.awaits_rows(r) and r not in preempted and r in scheduler.running
+        ]
+        if ready and not preempted and len(decodes) + ready[0].spec.max_chunk_tokens <= budget:
+            assert ready[0] in scheduled, f"step {step}: {ready[0].request_id} skipped"
 
         # Preemption takes the newest running requests and keeps their output.
-        if output.preempted:
-            assert not output.admitted
-            newest = running_before[len(running_before) - len(output.preempted) :]
-            assert set(output.preempted) == set(newest), "preempted an older request"
-        kept = [r for r in running_before if r not in output.preempted]
-        assert scheduler.running == [*kept, *output.admitted]
+        running_all = [*running_before, *admitted_all]
+        if preempted:
+            newest = running_all[len(running_all) - len(preempted) :]
+            assert set(preempted) == set(newest), "preempted an older request"
+        kept = [r for r in running_before if r not in preempted]
+        assert scheduler.running == [*kept, *admitted]
         # Preempted requests go back to the head of the queue, in their running order.
-        admitted = len(output.admitted)
-        requeued = [r for r in running_before if r in output.preempted]
-        assert list(scheduler.waiting) == [*requeued, *waiting_before[admitted:]]
-        for request in output.preempted:
+        requeued = [r for r in running_all if r in preempted]
+        assert list(scheduler.waiting) == [*requeued, *waiting_before[len(admitted_all) :]]
+        for request in preempted:
             assert request.num_computed_tokens == 0
             assert not request.ready_chunks, "rows of a preempted request kept"
             assert request.output_token_ids == outputs_before[request.request_id]
@@ -321,30 +339,44 @@ class Simulator:
             assert request not in scheduled
             assert kv.block_table(request.request_id) == []
 
-        # Admission: oldest first; computation resumes at a whole number of cached blocks.
-        assert list(output.admitted) == waiting_before[:admitted]
-        used = sum(w.num_tokens for w in output.work if w.request not in output.admitted)
-        for request in output.admitted:  # only while some budget is left
-            assert used < budget, f"step {step}: admitted with the budget used up"
-            used += sum(w.num_tokens for w in output.work if w.request is request)
-        for request in output.admitted:
+        # Admitted requests hold the blocks of their first chunk; computation resumes at
+        # a whole number of cached blocks.
+        for request in admitted:
             computed = request.num_computed_tokens
             assert computed % kv.block_size == 0
             assert computed < request.num_tokens, "admitted with nothing left to compute"
+            first = request.next_chunk()
+            assert len(kv.block_table(request.request_id)) >= kv.blocks_for(first[1])
             if not kv.enable_prefix_caching:
                 assert computed == 0
             self.num_hit_tokens += computed
             self.num_readmissions += request.stats.num_preemptions > 0
 
         # Work conserving: an idle step has a reason.
-        if not output.work and not output.preempted:
+        if not output.chunks and not output.preempted:
             for request in scheduler.running:
                 chunk = request.next_chunk()
                 assert chunk is not None and request.chunk_needs_rows(*chunk)
                 assert chunk not in request.ready_chunks, f"step {step}: idle with ready work"
             assert scheduler.running or not scheduler.waiting, f"step {step}: idle, nobody in"
-        if output.work and any(self.awaits_rows(r) for r in scheduler.running):
+        if output.chunks and any(self.awaits_rows(r) for r in scheduler.running):
             self.num_steps_with_blocked_media += 1
+
+    def prefill_order(
+        self, running: list[RequestState], decoding: list[RequestState], step: int
+    ) -> list[RequestState]:
+        """The policy, written again: least remaining prefill first, ties older first;
+        requests admitted more than the age bound ago before all others, oldest first."""
+        bound = self.scheduler.max_prefill_age_steps
+
+        def key(request: RequestState) -> tuple[int, int, int]:
+            age = step - self.admitted_at.get(request.request_id, step)
+            if age > bound:
+                return (0, -age, 0)
+            return (1, request.num_tokens - request.num_computed_tokens, -age)
+
+        prefilling = [r for r in running if r not in decoding]
+        return sorted(prefilling, key=key)
 
     @staticmethod
     def awaits_rows(request: RequestState) -> bool:
@@ -498,12 +530,19 @@ def random_scenario(seed: int, family: str) -> Simulator:
         num_blocks = need * num_requests + 4
     else:
         num_blocks = rng.randint(need, need * num_requests + 4)
+    # Drawn apart, so the scenarios above stay what they were.
+    knobs = random.Random(f"knobs-{family}-{seed}")
     sim = Simulator(
         num_blocks=num_blocks,
         block_size=block_size,
         max_num_seqs=max_num_seqs,
         budget=budget,
         prefix_caching=family != "no_prefix_caching",
+        # small_cache must preempt in every scenario, which one prefill per step can avoid.
+        max_prefills_per_step=(
+            UNLIMITED if family == "small_cache" else knobs.choice([1, 2, UNLIMITED])
+        ),
+        max_prefill_age_steps=knobs.choice([0, 3, 64]),
     )
     for arrival in arrivals:
         sim.add(arrival.spec, at_step=arrival.step, media_delay=arrival.media_delay)
@@ -564,7 +603,7 @@ def big_sim(**overrides) -> Simulator:
 
 
 def work_of(output: SchedulerOutput) -> dict[str, tuple[int, int]]:
-    return {w.request.request_id: (w.start, w.end) for w in output.work}
+    return {c.request_id: (c.start, c.end) for c in output.chunks}
 
 
 def test_decodes_run_first_and_a_long_prompt_fills_the_rest():
@@ -573,10 +612,10 @@ def test_decodes_run_first_and_a_long_prompt_fills_the_rest():
     sim.add(make_spec("long", text(40, 100), max_tokens=1, chunk=8))
     first = sim.step()
     assert work_of(first) == {"short": (0, 3)}  # 8 more would exceed 10 - 3
-    assert [r.request_id for r in first.admitted] == ["short", "long"]
+    assert first.admitted == ("short", "long")
     for expected_long_start in (0, 8, 16, 24):
         output = sim.step()
-        assert output.work[0].request.request_id == "short"  # the decode first
+        assert output.chunks[0].request_id == "short"  # the decode first
         assert work_of(output)["short"][1] - work_of(output)["short"][0] == 1
         assert work_of(output)["long"] == (expected_long_start, expected_long_start + 8)
     sim.run(max_steps=20)
@@ -601,12 +640,12 @@ def test_a_chunk_that_does_not_fit_the_rest_of_the_budget_waits_whole():
     sim.run(max_steps=10)
 
 
-def test_a_long_prompt_gets_a_chunk_every_step_despite_steady_arrivals():
-    """With room for one chunk beside every other running request's decode
-    (budget >= max_chunk_tokens + max_num_seqs - 1), short requests arriving every step
-    never hold back an admitted long prompt. (With less room, e.g. budget == chunk, its
-    chunk waits for a step without decodes, which steady arrivals can postpone forever.)"""
+def long_prompt_among_short_arrivals(max_prefill_age_steps: int) -> list[int | None]:
+    """A long prompt admitted at step 1 while a short request arrives every step; with
+    room for one chunk beside every other request's decode (budget = chunk +
+    max_num_seqs - 1). Returns, per step from 1 on, where its chunk started (None: none)."""
     sim = big_sim(num_blocks=200, budget=8 + 3, max_num_seqs=4)
+    sim.scheduler.max_prefill_age_steps = max_prefill_age_steps
     sim.add(make_spec("warm", text(2), max_tokens=3, chunk=8))
     sim.add(make_spec("long", text(40, 100), max_tokens=1, chunk=8), at_step=1)
     for index in range(30):
@@ -615,21 +654,55 @@ def test_a_long_prompt_gets_a_chunk_every_step_despite_steady_arrivals():
         )
     sim.step()
     starts = []
-    while "long" not in sim.finished_at:
-        starts.append(work_of(sim.step())["long"][0])
-    assert starts == [0, 8, 16, 24, 32]
+    while "long" not in sim.finished_at and sim.step_index < 40:
+        starts.append(work_of(sim.step()).get("long", (None,))[0])
     sim.run(max_steps=80)
+    return starts
+
+
+def test_the_age_bound_keeps_a_long_prompt_from_starving():
+    """Short prompts have less left, so they go first and crowd out the long one; once
+    it has run longer than the age bound it goes first and gets a chunk every step."""
+    starts = long_prompt_among_short_arrivals(max_prefill_age_steps=3)
+    assert [s for s in starts if s is not None] == [0, 8, 16, 24, 32]
+    assert None in starts, starts  # crowded out while young
+    # Admitted at step 1 (starts[0]), it is older than 3 steps from step 5 (starts[4]) on.
+    assert None not in starts[4:], starts  # then a chunk every step
+    # Without the bound it only gets the steps the short prompts leave free: one in four.
+    unbounded = long_prompt_among_short_arrivals(max_prefill_age_steps=1000)
+    assert [s for s in unbounded if s is not None] == [0, 8, 16, 24, 32]
+    assert len(unbounded) > 2 * len(starts), (starts, unbounded)
+
+
+def test_a_burst_of_prompts_finishes_one_after_another_shortest_first():
+    """One prefill per step: prompts that arrive together get their first tokens in
+    turn, the one with least to compute first, not all together at the end."""
+    sim = big_sim(budget=64, max_prefills_per_step=1)
+    for name, length in [("long", 24), ("short", 8), ("middle", 16)]:
+        sim.add(make_spec(name, text(length, 10 * length), max_tokens=2, chunk=8))
+    first_token_at = {}
+    while len(first_token_at) < 3:
+        output = sim.step()
+        assert len([c for c in output.chunks if c.start < c.num_prompt_tokens]) <= 1
+        for chunk in output.chunks:
+            if chunk.samples and chunk.request_id not in first_token_at:
+                first_token_at[chunk.request_id] = sim.step_index - 1
+    assert first_token_at == {"short": 0, "middle": 2, "long": 5}
+    sim.run(max_steps=20)
 
 
 def test_a_chunk_larger_than_the_budget_runs_alone():
     sim = big_sim(budget=4, max_num_seqs=2)
     sim.add(make_spec("big", text(10), max_tokens=2, chunk=10))
     sim.add(make_spec("small", text(3, 50), max_tokens=3, chunk=2))
+    # `small` has less left: it goes first, and `big` cannot fit beside it.
+    assert work_of(sim.step()) == {"small": (0, 2)}
+    assert work_of(sim.step()) == {"small": (2, 3)}
+    assert work_of(sim.step()) == {"small": (3, 4)}
+    assert work_of(sim.step()) == {"small": (4, 5)}  # its last token
     output = sim.step()
     assert work_of(output) == {"big": (0, 10)}  # alone, over the budget
     assert output.num_tokens == 10
-    output = sim.step()
-    assert work_of(output) == {"big": (10, 11), "small": (0, 2)}
     sim.run(max_steps=20)
 
 
@@ -654,7 +727,7 @@ def test_nothing_runs_while_every_pending_chunk_awaits_rows():
     sim = big_sim()
     sim.add(make_spec("media", text(12), items=(image(0, 12),), chunk=4), media_delay=3)
     outputs = [sim.step() for _ in range(3)]
-    assert [o.work for o in outputs] == [[], [], []]
+    assert [o.chunks for o in outputs] == [(), (), ()]
     assert work_of(sim.step()) == {"media": (0, 4)}
     sim.run(max_steps=20)
 
@@ -664,8 +737,8 @@ def test_at_most_max_num_seqs_run_and_admission_is_oldest_first():
     for index in range(5):
         sim.add(make_spec(f"r{index}", text(4, 10 * index + 10), max_tokens=2 + index))
     first = sim.step()
-    assert [r.request_id for r in first.admitted] == ["r0", "r1"]
-    admitted = [r.request_id for o in [first, *(sim.step() for _ in range(30))] for r in o.admitted]
+    assert first.admitted == ("r0", "r1")
+    admitted = [i for o in [first, *(sim.step() for _ in range(30))] for i in o.admitted]
     assert admitted == ["r0", "r1", "r2", "r3", "r4"]
     assert not sim.scheduler.has_work()
 
@@ -683,7 +756,7 @@ def test_the_head_of_the_queue_is_not_overtaken():
         assert not output.admitted
         assert [r.request_id for r in sim.scheduler.waiting] == ["head", "small"]
     output = sim.step()
-    assert [r.request_id for r in output.admitted] == ["head", "small"]
+    assert output.admitted == ("head", "small")
     sim.run(max_steps=10)
 
 
@@ -694,10 +767,10 @@ def test_preemption_takes_the_newest_keeps_its_output_and_recomputes_everything(
     preempted_at = None
     while preempted_at is None:
         output = sim.step()
-        assert not any(r.request_id == "old" for r in output.preempted)
+        assert "old" not in output.preempted
         if output.preempted:
             preempted_at = sim.step_index - 1
-            assert [r.request_id for r in output.preempted] == ["new"]
+            assert output.preempted == ("new",)
             assert "new" not in work_of(output)
     new = sim.request("new")
     assert new.num_computed_tokens == 0
@@ -712,8 +785,8 @@ def test_preemption_takes_the_newest_keeps_its_output_and_recomputes_everything(
     recompute = [
         (w.start, w.end)
         for o in sim.history[preempted_at + 1 :]
-        for w in o.work
-        if w.request is new and w.start < len(kept) + 3 - 1
+        for w in o.chunks
+        if w.request_id == "new" and w.start < len(kept) + 3 - 1
     ]
     assert recompute[0][0] == 0
     assert all(b - a <= 4 for a, b in recompute)
