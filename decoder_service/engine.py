@@ -92,6 +92,14 @@ class Engine:
         """Streams the request's sampled tokens, then `Finished`; errors are raised.
         Leaving the iteration early (client gone, deadline) aborts the request and frees
         its blocks and fetches at once."""
+        async for events in self.stream(spec):
+            for event in events:
+                yield event
+
+    async def stream(self, spec: DecodeSpec) -> AsyncIterator[list[Event]]:
+        """`generate` in batches: every event that is ready when the caller asks, so a
+        caller slower than the steps (a client reading slowly) sends one message for
+        several tokens instead of falling further behind."""
         if spec.request_id in self._requests:
             raise ValueError(f"request id {spec.request_id} is already running")
         generator = torch.Generator(device=self.family.device)
@@ -109,11 +117,15 @@ class Engine:
         self._wakeup.set()
         try:
             while True:
-                event = await request.events.get()
-                if isinstance(event, BaseException):
-                    raise event
-                yield event
-                if isinstance(event, Finished):
+                events = [await request.events.get()]
+                while not request.events.empty() and not _ends(events[-1]):
+                    events.append(request.events.get_nowait())
+                if isinstance(events[-1], BaseException):
+                    if events[:-1]:  # the tokens before the error still go out
+                        yield events[:-1]
+                    raise events[-1]
+                yield events
+                if isinstance(events[-1], Finished):
                     return
         finally:
             if not request.finished:
@@ -360,3 +372,7 @@ class Engine:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _ends(event: Event) -> bool:
+    return isinstance(event, (Finished, BaseException))

@@ -41,11 +41,14 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServiceServicer):
         try:
             if spec.items:  # refused before it takes KV blocks, as a fetch would refuse it
                 engine.embeddings.require_encoders()
-            async for event in engine.generate(spec):
-                if isinstance(event, SampledToken):
-                    yield decoder_pb2.DecodeResponse(tokens=token_batch_to_proto([event]))
-                elif isinstance(event, Finished):
-                    yield decoder_pb2.DecodeResponse(finished=finished_to_proto(event))
+            # One message for every token ready at once (one per step while the client
+            # keeps up), then one for the end.
+            async for events in engine.stream(spec):
+                tokens = [event for event in events if isinstance(event, SampledToken)]
+                if tokens:
+                    yield decoder_pb2.DecodeResponse(tokens=token_batch_to_proto(tokens))
+                if isinstance(events[-1], Finished):
+                    yield decoder_pb2.DecodeResponse(finished=finished_to_proto(events[-1]))
         except FetchError as error:
             # The encoders failed, not this decoder: a status of its own, so that the
             # gateway does not set a healthy decoder aside for it.

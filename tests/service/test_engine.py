@@ -15,7 +15,7 @@ from decoder_service.engine import RequestFailedError
 from decoder_service.main import build_engine, encoder_replicas
 from decoder_service.main import build_parser as build_decoder_parser
 from decoder_service.paged_attention import ATTENTION_NAME, PagedKVStore
-from decoder_service.request import SampledToken, SamplingOptions
+from decoder_service.request import DecodeSpec, Finished, SampledToken, SamplingOptions
 from decoder_service.spec import spec_from_proto
 from gateway.prompt import PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
@@ -313,3 +313,30 @@ def test_a_request_that_fails_in_its_step_ends_alone(demo_model_dir, cluster, re
         assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
     assert engine.counters.num_scheduled_requests > engine.counters.num_steps, "shared steps"
     assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_tokens_ready_together_go_out_together(demo_model_dir):
+    """A reader slower than the steps gets every ready token in one batch (one message
+    on the wire), in order, and the same tokens as one at a time."""
+    family, builder = decoder_family(demo_model_dir)
+    engine = in_process_engine(family, ["--model", str(demo_model_dir)])
+    prompt = builder.build(to_chat_inputs(TEXT_PROMPTS[0])).token_ids
+    sampling = SamplingOptions(max_tokens=6, ignore_eos=True)
+
+    async def slow_reader() -> list[list]:
+        engine.start()
+        spec = DecodeSpec("slow", tuple(prompt), (), sampling, max_chunk_tokens=64)
+        batches = engine.stream(spec)
+        first = await anext(batches)
+        while engine.num_requests:  # the reader looks away until the request is done
+            await asyncio.sleep(0)
+        return [first, *[batch async for batch in batches]]
+
+    batches = asyncio.run(slow_reader())
+    assert len(batches) == 2, batches
+    tokens = [e.token_id for batch in batches for e in batch if isinstance(e, SampledToken)]
+    assert len(tokens) == 6 and len(batches[1]) == 6  # five tokens and the end
+    assert isinstance(batches[1][-1], Finished)
+    one_at_a_time = in_process_engine(family, ["--model", str(demo_model_dir)])
+    spec = DecodeSpec("again", tuple(prompt), (), sampling, max_chunk_tokens=64)
+    assert asyncio.run(run_all(one_at_a_time, [spec])) == [tokens]

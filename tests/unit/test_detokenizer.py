@@ -19,16 +19,30 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from tessera.demo_models.llava import build_tokenizer_for_llava as build_tokenizer
+def build_tokenizer(family: str):
+    """The demo family's tokenizer: SentencePiece-style (LLaVA, Gemma 3) and byte-level
+    BPE (Qwen)."""
+    if family == "llava":
+        from tessera.demo_models.llava import build_tokenizer_for_llava
 
-    return build_tokenizer()
+        return build_tokenizer_for_llava()
+    if family == "gemma3":
+        from tessera.demo_models.gemma3 import build_tokenizer_for_gemma3
+
+        return build_tokenizer_for_gemma3()
+    from tessera.demo_models.qwen_vl import VARIANTS, build_qwen_tokenizer
+
+    return build_qwen_tokenizer(VARIANTS[family])
+
+
+@pytest.fixture(scope="module", params=["llava", "gemma3", "qwen2.5-vl"])
+def tokenizer(request):
+    return build_tokenizer(request.param)
 
 
 @pytest.fixture(scope="module")
 def decode(tokenizer):
-    # As the LLaVA adapter decodes.
+    # As the adapters decode.
     return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
@@ -115,3 +129,20 @@ def test_with_a_fake_byte_decoder():
     detokenizer = IncrementalDetokenizer(decode)
     deltas = [detokenizer.add([byte]) for byte in data]
     assert deltas == ["", "é", "", "", "✓"]
+
+
+def test_each_step_decodes_a_short_window_however_long_the_output(tokenizer, decode):
+    """Incremental: the ids decoded per token stay few as the output grows (decoding the
+    whole output every time would pass 400 here)."""
+    text = " ".join(TEXTS * 12)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > 400
+    longest: list[int] = []
+
+    def windowed(token_ids):
+        longest.append(len(token_ids))
+        return decode(token_ids)
+
+    deltas = stream(windowed, ids, [1])
+    assert "".join(deltas) == decode(ids)
+    assert max(longest) <= 8, max(longest)
