@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = bench_model(args.model, "llava")
+    model = compute_thread().call(bench_model, args.model, "llava")  # builds with torch
     result = measure(model, args.batch_sizes, args.prompt_tokens, args.repeats)
     print(f"generate(): {result['generate_ms']:.2f} ms per token, prompt {args.prompt_tokens}")
     print(table(result))

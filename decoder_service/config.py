@@ -51,6 +51,8 @@ class DecoderConfig:
     enable_prefix_caching: bool
     max_prefetch_bytes: int
     fetch_mode: str
+    colocated_encoder: bool
+    colocated_cache_bytes: int
     drain_seconds: float
     model_fingerprint: str | None
     served_model_name: list[str] | None  # the first is the model_name label of its metrics
@@ -82,6 +84,11 @@ class DecoderConfig:
         if config.max_prefills_per_step < 1 or config.max_prefill_age_steps < 0:
             raise SystemExit(
                 "--max-prefills-per-step must be >= 1 and --max-prefill-age-steps >= 0"
+            )
+        if config.colocated_encoder and config.encoders:
+            raise SystemExit(
+                "--colocated-encoder encodes media in this process: drop --encoders, or drop "
+                "--colocated-encoder to fetch rows from those encoders"
             )
         if config.block_size < 1 or config.kv_cache_bytes < 1:
             raise SystemExit("--block-size and --kv-cache-bytes must be positive")
@@ -185,6 +192,18 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         default="slice",
         help="slice: fetch only the rows a chunk needs; whole: fetch each overlapping item's "
         "whole embedding for every chunk (a baseline for benchmarks; output is the same)",
+    )
+    parser.add_argument(
+        "--colocated-encoder",
+        action="store_true",
+        help="run the media encoder in this process (as vLLM v1 does), with its own memory "
+        "cache, instead of fetching rows from encoder services; --encoders is then not used",
+    )
+    parser.add_argument(
+        "--colocated-cache-bytes",
+        type=int,
+        default=1 << 30,
+        help="memory cache of encoder outputs with --colocated-encoder",
     )
     parser.add_argument(
         "--lease-ms",

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import grpc
 import torch
@@ -27,6 +28,9 @@ from tessera.replicas import ReplicaSet, UnknownReplicaError
 from tessera.tensor_codec import CodecError, parse_dtype
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 from tessera.wire import block_from_proto, media_item_to_proto
+
+if TYPE_CHECKING:
+    from decoder_service.colocated import ColocatedEncoder
 
 log = logging.getLogger("tessera.decoder.fetch")
 
@@ -90,8 +94,11 @@ class EmbeddingClient:
         lease_ms: int,
         timeout_seconds: float,
         fetch_whole: bool = False,
+        colocated: ColocatedEncoder | None = None,
     ):
         self.encoders = encoders
+        # With --colocated-encoder: every item's rows come from this process's encoder.
+        self.colocated = colocated
         # A benchmark baseline: fetch each overlapping item's whole embedding for every
         # chunk, and still place only the chunk's rows.
         self.fetch_whole = fetch_whole
@@ -105,7 +112,7 @@ class EmbeddingClient:
 
     def require_encoders(self) -> None:
         """Raises FetchError unless some encoder is known to fetch media rows from."""
-        if self.encoders.addresses:
+        if self.encoders.addresses or self.colocated is not None:
             return
         if not self.encoders.targets:
             raise FetchError(
@@ -142,6 +149,10 @@ class EmbeddingClient:
     async def _fetch_any(
         self, request_id: str, item: MediaSource, chunk_slice: ChunkSlice
     ) -> FetchedRows:
+        if self.colocated is not None:
+            local = await self.colocated.rows(request_id, item, chunk_slice)
+            self.num_bytes_received += local.num_bytes
+            return FetchedRows(chunk_slice, local.rows, local.num_bytes, local.encoded)
         self.require_encoders()
         errors = []
         for address in self.order(item):

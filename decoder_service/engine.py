@@ -353,6 +353,9 @@ class Engine:
         if request.leases_released or not request.spec.items:
             return
         request.leases_released = True
+        if self.embeddings.colocated is not None:
+            self.embeddings.colocated.release(request.request_id)
+            return
         # Any discovered encoder may hold one (the gateway's Encode went to the first
         # hint, fetches to the next ones when it failed, and a request without hints to
         # the decoder's own choice); releasing where none is held costs a no-op call,

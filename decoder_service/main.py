@@ -94,12 +94,18 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
     )
     kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
     row_width = family.hidden_size * family.num_planes
+    colocated = None
+    if config.colocated_encoder:
+        from decoder_service.colocated import ColocatedEncoder
+
+        colocated = ColocatedEncoder(family, config.colocated_cache_bytes, config.lease_ms)
     embeddings = EmbeddingClient(
         encoders,
         row_width,
         config.lease_ms,
         config.fetch_timeout_seconds,
         fetch_whole=config.fetch_mode == "whole",
+        colocated=colocated,
     )
     # Rows usually arrive as float32; the bound is an estimate, not an exact count.
     prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, row_width * 4)
@@ -136,10 +142,13 @@ async def run(config: DecoderConfig) -> None:
 
     async def load() -> str:
         await encoders.start()
-        if not config.encoders:
+        parts = ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL
+        if config.colocated_encoder:
+            parts |= ModelPart.MEDIA_ENCODER
+        elif not config.encoders:
             log.warning("no --encoders: requests with media items will be refused")
         options = LoadOptions(
-            ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL,
+            parts,
             config.device,
             config.dtype,  # a name; "auto" is resolved against the checkpoint
             text_attention=ATTENTION_NAME,
@@ -154,6 +163,7 @@ async def run(config: DecoderConfig) -> None:
         registry = new_registry(lambda: metric_readings(engine), labels)
         serve_metrics(config.metrics_port, config.host, registry)
         kv = engine.scheduler.kv
+        sources = "colocated" if config.colocated_encoder else ",".join(config.encoders)
         return (
             f"family={family.name} device={config.device} dtype={dtype_name(family.dtype)} "
             f"max_model_len={engine.max_model_len} max_chunk_tokens={config.max_chunk_tokens} "
@@ -161,7 +171,7 @@ async def run(config: DecoderConfig) -> None:
             f"max_num_batched_tokens={config.max_num_batched_tokens} "
             f"kv_blocks={kv.num_blocks}x{kv.block_size} prefix_caching={kv.enable_prefix_caching} "
             f"metrics_port={config.metrics_port or 'off'} "
-            f"encoders={','.join(config.encoders) or 'none'}"
+            f"encoders={sources or 'none'}"
         )
 
     async def drain(seconds: float) -> None:

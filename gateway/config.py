@@ -116,7 +116,9 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         parser,
         "--encoders",
         "TESSERA_ENCODERS",
-        "encoder addresses host:port[,...] or dns:///name:port for every address of a name",
+        "encoder addresses host:port[,...] or dns:///name:port for every address of a name; "
+        "leave out when the decoders run --colocated-encoder",
+        required=False,
     )
     add_address_flag(
         parser,

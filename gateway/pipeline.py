@@ -271,7 +271,12 @@ class GenerationPipeline:
         )
 
     async def _encode_all(self, request: GenerationRequest, items: Sequence[PromptItem]) -> list:
-        """One Encode per encoder over its unique items; returns the EncodedItem messages."""
+        """One Encode per encoder over its unique items; returns the EncodedItem messages.
+        With no encoder known (a gateway in front of --colocated-encoder decoders, or
+        none discovered), nothing is sent: the decoder has every item's bytes and gets
+        its rows itself, or says clearly that it cannot."""
+        if not self.encoders.addresses:
+            return []
         by_encoder: dict[str, dict[str, PromptItem]] = {}
         for item in items:
             address = encoder_order(item.range.content_hash, self.encoders)[0]
