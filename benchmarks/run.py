@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from benchmarks import fleet, growth, latency, plots, report, wire
+from benchmarks import disagg, fleet, growth, latency, plots, report, wire
 from benchmarks.common import bench_model, environment
 from benchmarks.inprocess import HfGenerate, ReencodePerChunk
 from benchmarks.scale import FULL, QUICK, Scale
@@ -33,7 +34,7 @@ from tessera.testbed.cluster import Cluster
 from tessera.testbed.redis_server import PrivateRedis
 from tessera.testbed.reference import Reference
 
-SUITES = ["arms", "chunks", "poisson", "latency", "wire", "growth", "fleet"]
+SUITES = ["arms", "chunks", "poisson", "latency", "wire", "step", "growth", "fleet", "disagg"]
 # Image sides (min, max) in px drawn by the workloads, by family: dynamic-resolution
 # families get images from 200 px to 1500 px (Qwen2.5-VL bench: ~50 to ~2500 rows).
 IMAGE_SIDES = {name: (200, 1500) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")}
@@ -42,7 +43,7 @@ DEFAULT_IMAGE_SIDES = (96, 320)
 CLIP_SECONDS = (2.0, 30.0)
 # Suites whose workloads are images whatever the family (latency: 4 items of a prompt
 # in one chunk, beyond a context of 30 s clips).
-IMAGE_ONLY_SUITES = ("latency", "growth", "wire", "fleet")
+IMAGE_ONLY_SUITES = ("latency", "growth", "wire", "fleet", "disagg")
 # Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
 # request names its chunk size.
 DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
@@ -81,6 +82,11 @@ class Bench:
         )
         if "fleet" in suites:
             self._start_fleet()
+        self.colocated = None
+        if "disagg" in suites:
+            self.colocated = disagg.add_colocated_deployment(
+                self.cluster, "colocated", model, DECODER_FLAGS
+            )
         started = time.perf_counter()
         print(f"starting {len(self.cluster.children)} service processes", flush=True)
         self.cluster.wait_ready()
@@ -113,8 +119,9 @@ class Bench:
         )
 
     def stop(self) -> None:
-        for arm in (self.tessera, self.whole, self.no_cache):
-            arm.close()
+        for arm in (self.tessera, self.whole, self.no_cache, self.colocated):
+            if arm is not None:
+                arm.close()
         self.cluster.stop()
         if self.redis is not None:
             self.redis.kill()
@@ -228,6 +235,21 @@ class Bench:
             "",
         ]
 
+    def step_suite(self) -> None:
+        out = self.args.out / "step.json"
+        quick = ["--repeats", "1", "--batch-sizes", "1", "4"] if self.args.quick else []
+        command = [sys.executable, "-m", "benchmarks.step", "--model", self.model]
+        subprocess.run([*command, "--json", str(out), *quick], check=True)
+        self.step = json.loads(out.read_text())
+        self.results["step"] = self.step
+        self.md += [
+            "## Decode step by batch size (the decoder's engine, in a process of its own)\n",
+            f"Prompts of {self.step['prompt_tokens']} tokens; generate(): "
+            f"{self.step['generate_ms']:.2f} ms per token.\n",
+            self.step["table"],
+            "",
+        ]
+
     def growth_suite(self) -> None:
         results = growth.measure(
             self.runner, self.hf, self.tessera, self.scale.growth_repeats, self.scale.growth_values
@@ -265,6 +287,18 @@ class Bench:
             "",
             fleet.batching_table(batching),
             "",
+        ]
+
+    def disagg_suite(self) -> None:
+        results = disagg.measure(
+            self.runner, self.colocated, self.tessera, self.scale.disagg_requests
+        )
+        self.results["disagg"] = [c.summary() for c in results]
+        self.md += [
+            "## When disaggregation pays off: colocated vs tessera\n",
+            disagg.table(results, self.colocated.name, self.tessera.name),
+            "",
+            *map(report.cell_section, results),
         ]
 
     def targets(self) -> None:

@@ -25,6 +25,7 @@ class Scale:
     fleet_pool: int
     fleet_verify_every: int
     batching_items: int
+    disagg_requests: int
 
 
 def _cells(
@@ -85,6 +86,7 @@ QUICK = Scale(
     fleet_pool=4,
     fleet_verify_every=8,
     batching_items=32,
+    disagg_requests=8,
 )
 
 FULL = Scale(
@@ -104,4 +106,5 @@ FULL = Scale(
     fleet_pool=24,
     fleet_verify_every=5,
     batching_items=64,
+    disagg_requests=16,
 )

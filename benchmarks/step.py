@@ -10,15 +10,20 @@ media: this measures the language model's step, not the fetches):
 Everything runs on the process's compute thread, as in the services.
 
 Usage: python -m benchmarks.step [--model DIR] [--batch-sizes 1 2 4 8] [--prompt-tokens N]
+                                 [--json OUT]
+`make bench` runs it in a process of its own (suite `step`), so that its torch thread
+does not share a process with the in-process arms.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -153,12 +158,16 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = compute_thread().call(bench_model, args.model, "llava")  # builds with torch
     result = measure(model, args.batch_sizes, args.prompt_tokens, args.repeats)
     print(f"generate(): {result['generate_ms']:.2f} ms per token, prompt {args.prompt_tokens}")
     print(table(result))
+    if args.json:
+        costs = [vars(cost) for cost in result["costs"]]
+        args.json.write_text(json.dumps({**result, "costs": costs, "table": table(result)}))
 
 
 if __name__ == "__main__":

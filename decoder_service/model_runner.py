@@ -44,7 +44,9 @@ class ModelRunner:
         media_mask = torch.zeros(len(token_ids), dtype=torch.bool, device=device)
         extra_planes: list[torch.Tensor] = []
 
-        positions, slot_mappings, segments = [], [], []
+        positions, segments = [], []
+        slot_mapping: list[int] = []
+        block_size = self.store.block_size
         offset = 0
         for item in inputs:
             work = item.chunk
@@ -59,21 +61,25 @@ class ModelRunner:
             positions.append(
                 family.positions(work.num_prompt_tokens, work.items, work.start, work.end)
             )
-            table = list(work.block_table)
-            slot_mappings.append(self.store.slots(table, work.start, work.end, device))
-            num_blocks = -(-work.end // self.store.block_size)
+            table = work.block_table
+            slot_mapping += [
+                table[p // block_size] * block_size + p % block_size
+                for p in range(work.start, work.end)
+            ]
+            num_blocks = -(-work.end // block_size)
             segments.append(
                 Segment(
                     offset,
                     offset + work.num_tokens,
                     work.start,
-                    torch.tensor(table[:num_blocks], dtype=torch.long, device=device),
+                    table[:num_blocks],
                     self._bidirectional(work),
                 )
             )
             offset += work.num_tokens
 
-        metadata = AttentionMetadata.plan(torch.cat(slot_mappings), segments)
+        slots = torch.tensor(slot_mapping, dtype=torch.long, device=device)
+        metadata = AttentionMetadata.plan(slots, segments)
         media = PackedMedia(media_mask, torch.cat(extra_planes)) if extra_planes else None
         hidden = family.forward(
             embeds,

@@ -36,7 +36,7 @@ class Segment:
     num_past: int  # tokens already in its KV cache before this step
     # [>= blocks_for(num_past + num_new)] blocks of its context, in order (a longer table
     # is fine: only the first num_past + num_new slots are read).
-    block_table: torch.Tensor
+    block_table: tuple[int, ...]
     # Position ranges [start, end) of items whose tokens see each other both ways.
     bidirectional: tuple[tuple[int, int], ...] = ()
 
@@ -75,12 +75,10 @@ class DecodeBatch:
     @classmethod
     def of(cls, segments: Sequence[Segment], device: torch.device) -> DecodeBatch:
         width = max(len(s.block_table) for s in segments)
-        tables = torch.zeros(len(segments), width, dtype=torch.long, device=device)
-        for row, segment in enumerate(segments):
-            tables[row, : len(segment.block_table)] = segment.block_table
+        tables = [(*s.block_table, *[0] * (width - len(s.block_table))) for s in segments]
         return cls(
             torch.tensor([s.query_start for s in segments], device=device),
-            tables,
+            torch.tensor(tables, dtype=torch.long, device=device),
             torch.tensor([s.num_context for s in segments], device=device),
         )
 
@@ -100,14 +98,21 @@ class DecodeBatch:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_packed_tokens] slot each new token's K/V goes to
     segments: tuple[Segment, ...]  # multi-token segments (prefill chunks), one by one
+    block_tables: tuple[torch.Tensor, ...]  # each segment's block table, `[1, blocks]`
     decode: DecodeBatch | None = None
 
     @classmethod
     def plan(cls, slot_mapping: torch.Tensor, segments: Sequence[Segment]) -> AttentionMetadata:
-        """Splits a step's segments into the decode batch and the rest."""
+        """Splits a step's segments into the decode batch and the rest; every tensor the
+        layers need is made here, once per step."""
+        device = slot_mapping.device
         decode = [s for s in segments if s.is_decode]
-        batch = DecodeBatch.of(decode, slot_mapping.device) if decode else None
-        return cls(slot_mapping, tuple(s for s in segments if not s.is_decode), batch)
+        batch = DecodeBatch.of(decode, device) if decode else None
+        prefill = tuple(s for s in segments if not s.is_decode)
+        tables = tuple(
+            torch.tensor([s.block_table], dtype=torch.long, device=device) for s in prefill
+        )
+        return cls(slot_mapping, prefill, tables, batch)
 
 
 class PagedKVStore:
@@ -171,11 +176,12 @@ def paged_attention(
     )
     block_size = tessera_kv.block_size
     gqa = key.shape[1] != query.shape[1]
-    for segment in tessera_metadata.segments:
+    prefill = zip(tessera_metadata.segments, tessera_metadata.block_tables, strict=True)
+    for segment, table in prefill:
         q = query[:, :, segment.query_start : segment.query_end]
         num_context = segment.num_context
-        k = _gather_blocks(k_cache, block_size, segment.block_table.unsqueeze(0))
-        v = _gather_blocks(v_cache, block_size, segment.block_table.unsqueeze(0))
+        k = _gather_blocks(k_cache, block_size, table)
+        v = _gather_blocks(v_cache, block_size, table)
         mask = _mask(segment, segment.num_new, sliding_window, q.device)
         attended = torch.nn.functional.scaled_dot_product_attention(
             q,

@@ -41,7 +41,7 @@ def test_segment_masks_are_rows_of_the_whole(sliding_window, items):
     whole = model_mask(sliding_window, items)
     for start, end in itertools.combinations(range(NUM_TOKENS + 1), 2):
         inside = tuple(i for i in items if i[0] < end and start < i[1])
-        segment = Segment(0, end - start, start, torch.arange(end), inside)
+        segment = Segment(0, end - start, start, tuple(range(end)), inside)
         mask = _mask(segment, end - start, sliding_window, torch.device("cpu"))
         expected = whole[start:end, :end]
         if mask is None:  # plain causal: SDPA's is_causal, or one query seeing everything

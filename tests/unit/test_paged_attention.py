@@ -60,7 +60,7 @@ def test_a_step_of_decodes_and_a_chunk_equals_attention_over_each_context(window
         store.keys[0][past_slots] = keys[:, :num_past].transpose(0, 1)
         store.values[0][past_slots] = values[:, :num_past].transpose(0, 1)
         slot_mappings.append(store.slots(table, num_past, total, torch.device("cpu")))
-        segments.append(Segment(query_start, query_start + num_new, num_past, torch.tensor(table)))
+        segments.append(Segment(query_start, query_start + num_new, num_past, tuple(table)))
         contexts.append((keys, values))
         query_start += num_new
     metadata = AttentionMetadata.plan(torch.cat(slot_mappings), segments)
