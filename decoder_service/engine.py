@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from decoder_service.embedding_client import EmbeddingClient
-from decoder_service.grammar import GrammarCompiler
+from decoder_service.grammar import GrammarCompiler, allowed_tokens_batch
 from decoder_service.model_runner import ModelRunner, WorkInput
 from decoder_service.prefetch import Prefetcher
 from decoder_service.request import (
@@ -243,7 +243,11 @@ class Engine:
         thread. Should the batch fail, each row is sampled alone, so only the request at
         fault gets its exception."""
         try:
-            rows = [self._sampler_row(request, logits) for request, logits in sampling]
+            masks = self._grammar_masks(sampling)
+            rows = [
+                self._sampler_row(request, logits, masks.get(request.request_id))
+                for request, logits in sampling
+            ]
             return sample_batch(torch.stack([logits for _, logits in sampling]), rows)
         except Exception:
             pass
@@ -256,7 +260,22 @@ class Engine:
                 results.append(error)
         return results
 
-    def _sampler_row(self, request: RequestState, logits: torch.Tensor) -> SamplerRow:
+    @staticmethod
+    def _grammar_masks(
+        sampling: list[tuple[RequestState, torch.Tensor]],
+    ) -> dict[str, torch.Tensor]:
+        """The allowed-token masks of every structured request of the step, filled in
+        one parallel call; {} with fewer than two (each row then fills its own)."""
+        structured = [(r, logits) for r, logits in sampling if r.grammar is not None]
+        if len(structured) < 2:
+            return {}
+        vocab_size = structured[0][1].shape[-1]
+        masks = allowed_tokens_batch([r.grammar for r, _ in structured], vocab_size)
+        return {r.request_id: mask for (r, _), mask in zip(structured, masks, strict=True)}
+
+    def _sampler_row(
+        self, request: RequestState, logits: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> SamplerRow:
         options = request.spec.sampling
         if request.token_counts is None and needs_counts(options):
             # Sized like the logits: an lm_head may be padded past the tokenizer's vocabulary.
@@ -277,7 +296,9 @@ class Engine:
             counts=request.token_counts,
             # Structured outputs: the grammar's allowed tokens, applied after every processor.
             allowed_tokens_mask=(
-                request.grammar.allowed_tokens(logits.shape[-1]) if request.grammar else None
+                mask
+                if mask is not None or request.grammar is None
+                else request.grammar.allowed_tokens(logits.shape[-1])
             ),
         )
 

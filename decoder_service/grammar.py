@@ -19,6 +19,7 @@ Entry points (stable; the engine and the tool-calling path use only these):
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -67,9 +68,11 @@ class GrammarMatcher:
         padded past it) are never allowed."""
         self._raise_if_error()
         llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        return self._unpack(self._bitmask[0], vocab_size)
+
+    def _unpack(self, words: torch.Tensor, vocab_size: int) -> torch.Tensor:
         # Unpacked here rather than with llguidance.torch.apply_token_bitmask_inplace,
         # which torch.compile's (seconds of compiling per process, a C compiler on CPU).
-        words = self._bitmask[0]
         bits = ((words.unsqueeze(-1) >> _BIT_POSITIONS) & 1).flatten().bool()
         allowed = torch.zeros(vocab_size, dtype=torch.bool)
         known = min(vocab_size, self._tokenizer_vocab_size)
@@ -95,6 +98,28 @@ class GrammarMatcher:
     def _raise_if_error(self) -> None:
         if self._matcher.is_error():
             raise RuntimeError(f"the grammar matcher failed: {self._matcher.get_error()}")
+
+
+def allowed_tokens_batch(matchers: Sequence[GrammarMatcher], vocab_size: int) -> list[torch.Tensor]:
+    """`allowed_tokens` of every matcher, their masks filled in one parallel call
+    (llguidance's thread pool) instead of one after another. Raises if any matcher fails;
+    the caller then asks each alone, so only the failing request ends."""
+    for matcher in matchers:
+        matcher._raise_if_error()
+    vocab = max(m._tokenizer_vocab_size for m in matchers)
+    bitmask = llguidance.torch.allocate_token_bitmask(len(matchers), vocab)
+    pairs = [(matcher._matcher, row) for row, matcher in enumerate(matchers)]
+    llguidance.torch.fill_next_token_bitmask_par(_executor(), pairs, bitmask)
+    width = bitmask.shape[1]
+    return [
+        m._unpack(bitmask[row, : min(width, -(-m._tokenizer_vocab_size // 32))], vocab_size)
+        for row, m in enumerate(matchers)
+    ]
+
+
+@functools.cache
+def _executor() -> llguidance.LLExecutor:
+    return llguidance.LLExecutor()
 
 
 class GrammarCompiler:

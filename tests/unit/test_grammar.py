@@ -13,6 +13,7 @@ from decoder_service.grammar import (
     GrammarCompiler,
     GrammarKind,
     GrammarSpec,
+    allowed_tokens_batch,
     grammar_spec_from_proto,
 )
 from decoder_service.request import SamplingOptions
@@ -193,3 +194,24 @@ def test_a_tokenizer_llguidance_cannot_read_is_refused():
     compiler = GrammarCompiler(object(), 100, [0])
     with pytest.raises(ValueError, match="not supported for this model's tokenizer"):
         compiler.matcher(GrammarSpec(GrammarKind.JSON_OBJECT))
+
+
+def test_masks_filled_together_equal_masks_filled_alone(compiler, tokenizer):
+    """One parallel fill for a step's structured requests, each at its own place in its
+    own grammar, gives every request the mask it would have had alone."""
+    specs = [
+        GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA)),
+        GrammarSpec(GrammarKind.REGEX, r"(yes|no) [0-9]{2,4}"),
+        GrammarSpec(GrammarKind.JSON_OBJECT, ""),
+    ]
+    matchers = [compiler.matcher(spec) for spec in specs]
+    prefixes = ['{"name": "Al', "yes 1", '{"a": [1, ']
+    for matcher, prefix in zip(matchers, prefixes, strict=True):
+        for token_id in tokenizer(prefix, add_special_tokens=False)["input_ids"]:
+            matcher.advance(token_id)
+    vocab_size = compiler.model_vocab_size
+    together = allowed_tokens_batch(matchers, vocab_size)
+    alone = [matcher.allowed_tokens(vocab_size) for matcher in matchers]
+    assert len({mask.sum().item() for mask in alone}) == 3  # three different places
+    for mine, theirs in zip(together, alone, strict=True):
+        assert torch.equal(mine, theirs)
