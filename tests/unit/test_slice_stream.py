@@ -78,7 +78,7 @@ def fetch(scripts: list[Script], row_start: int, row_end: int):
         servers = [await serve(s) for s in servicers]
         addresses = [address for _, address in servers]
         pool = ChannelPool()
-        client = EmbeddingClient(ReplicaSet("encoder", addresses, pool), WIDTH, 1000, 10.0)
+        client = EmbeddingClient(ReplicaSet("encoder", addresses, pool), WIDTH, 60_000, 60.0)
         item = MediaSource(PlaceholderRange(Modality.IMAGE, HASH, 0, 40), tuple(addresses), b"")
         try:
             result = await client.fetch_slice(
