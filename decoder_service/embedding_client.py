@@ -21,13 +21,13 @@ import grpc
 import torch
 
 from decoder_service.request import MediaSource
+from decoder_service.row_assembly import RowAssembler, SliceStreamError
 from tessera.channels import ChannelPoolFullError
 from tessera.placeholders import ChunkSlice
 from tessera.rendezvous import encoder_order
 from tessera.replicas import ReplicaSet, UnknownReplicaError
-from tessera.tensor_codec import CodecError, parse_dtype
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
-from tessera.wire import block_from_proto, media_item_to_proto
+from tessera.wire import media_item_to_proto
 
 if TYPE_CHECKING:
     from decoder_service.colocated import ColocatedEncoder
@@ -166,6 +166,9 @@ class EmbeddingClient:
             except _NotKeptError as error:
                 log.warning("%s; trying the next encoder", error)
                 errors.append(str(error))
+            except SliceStreamError as error:
+                log.warning("encoder %s: %s; trying the next", address, error)
+                errors.append(f"{address}: {error}")
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _TRY_NEXT_REPLICA:
                     raise ItemRefusedError(
@@ -246,41 +249,15 @@ class EmbeddingClient:
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )
-        rows: torch.Tensor | None = None
-        next_row = chunk_slice.row_start
-        num_bytes = 0
-        async for message in stub.GetEmbeddingSlices(request, timeout=self.timeout_seconds):
-            block = self._check_message(message, chunk_slice, next_row)
-            if rows is None:
-                rows = torch.empty(
-                    chunk_slice.num_rows, self.row_width, dtype=parse_dtype(block.dtype)
-                )
-            part = torch.frombuffer(bytearray(block.data), dtype=rows.dtype)
-            offset = next_row - chunk_slice.row_start
-            rows[offset : offset + block.num_rows] = part.view(block.num_rows, self.row_width)
-            next_row += block.num_rows
-            num_bytes += len(block.data)
-            self.num_bytes_received += len(block.data)
-        if rows is None or next_row != chunk_slice.row_end:
-            raise FetchError(
-                f"encoder sent rows [{chunk_slice.row_start}, {next_row}) of item "
-                f"{chunk_slice.content_hash}, expected up to {chunk_slice.row_end}"
-            )
-        return FetchedRows(chunk_slice, rows, num_bytes, reencoded)
-
-    def _check_message(self, message, chunk_slice: ChunkSlice, next_row: int):
+        rows = RowAssembler(
+            chunk_slice.content_hash, chunk_slice.row_start, chunk_slice.row_end, self.row_width
+        )
+        call = stub.GetEmbeddingSlices(request, timeout=self.timeout_seconds)
         try:
-            block = block_from_proto(message.rows)
-        except CodecError as error:
-            raise FetchError(f"malformed embedding slice: {error}") from None
-        if message.content_hash != chunk_slice.content_hash or message.start != next_row:
-            raise FetchError(
-                f"encoder sent rows of {message.content_hash} from {message.start}, "
-                f"expected {chunk_slice.content_hash} from {next_row}"
-            )
-        if block.hidden_size != self.row_width or next_row + block.num_rows > chunk_slice.row_end:
-            raise FetchError(
-                f"encoder sent a [{block.num_rows}, {block.hidden_size}] block at row {next_row}; "
-                f"expected rows {self.row_width} wide and below row {chunk_slice.row_end}"
-            )
-        return block
+            async for message in call:
+                # Counted as received even if a later message spoils the stream: they were.
+                self.num_bytes_received += rows.add(message)
+            return FetchedRows(chunk_slice, rows.finish(), rows.num_bytes, reencoded)
+        except SliceStreamError:
+            call.cancel()  # or the encoder streams on into the window, for nothing
+            raise

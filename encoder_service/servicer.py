@@ -22,7 +22,7 @@ from tessera.media import ProcessingOptions
 from tessera.metrics import StatField, readings_from
 from tessera.server import abort_unless_ready
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
-from tessera.wire import block_to_proto, modality_from_proto
+from tessera.wire import fill_block_proto, modality_from_proto
 
 _SOURCE_TO_PROTO = {
     Source.COMPUTED: encoder_pb2.ENCODE_SOURCE_COMPUTED,
@@ -117,11 +117,11 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
             for first in range(0, block.num_rows, rows_per_message):
                 part = block.rows(first, min(first + rows_per_message, block.num_rows))
                 self.core.counters.num_bytes_served += len(part.data)
-                yield encoder_pb2.EmbeddingSlice(
-                    content_hash=row_request.content_hash,
-                    start=row_request.start + first,
-                    rows=block_to_proto(part),
+                message = encoder_pb2.EmbeddingSlice(
+                    content_hash=row_request.content_hash, start=row_request.start + first
                 )
+                fill_block_proto(message.rows, part)  # in place: no second copy of the rows
+                yield message
 
     async def ReleaseLeases(self, request, context):
         await abort_unless_ready(context, self.core is not None)

@@ -34,7 +34,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def itemsize(name: str) -> int:
-    return torch.empty((), dtype=parse_dtype(name)).element_size()
+    # Read off the dtype, not an allocated tensor: it is asked once per streamed message.
+    return parse_dtype(name).itemsize
 
 
 def parse_dtype(name: str) -> torch.dtype:

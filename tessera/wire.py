@@ -77,13 +77,23 @@ def media_item_to_proto(
 
 
 def block_to_proto(block: RowBlock) -> common_pb2.TensorBytes:
-    return common_pb2.TensorBytes(
-        dtype=block.dtype, shape=[block.num_rows, block.hidden_size], data=block.data
-    )
+    message = common_pb2.TensorBytes()
+    fill_block_proto(message, block)
+    return message
+
+
+def fill_block_proto(message: common_pb2.TensorBytes, block: RowBlock) -> None:
+    """Writes `block` into a TensorBytes field of a message being built. Cheaper than
+    passing a built TensorBytes to the parent's constructor, which copies its bytes
+    again (a 512 KiB block: ~10 us against ~80-500 us, mostly fresh pages)."""
+    message.dtype = block.dtype
+    message.shape[:] = [block.num_rows, block.hidden_size]
+    message.data = block.data
 
 
 def block_from_proto(message: common_pb2.TensorBytes) -> RowBlock:
     """Raises tessera.tensor_codec.CodecError unless dtype, shape and bytes agree."""
     shape = list(message.shape)
-    check_block(message.dtype, shape, len(message.data))
-    return RowBlock(message.dtype, shape[0], shape[1], message.data)
+    data = message.data  # each read of a bytes field copies it: read it once
+    check_block(message.dtype, shape, len(data))
+    return RowBlock(message.dtype, shape[0], shape[1], data)

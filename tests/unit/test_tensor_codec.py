@@ -16,10 +16,11 @@ from tessera.tensor_codec import (
     decode_rows,
     dtype_name,
     encode_rows,
+    itemsize,
     parse_dtype,
 )
-from tessera.v1 import common_pb2
-from tessera.wire import block_from_proto, block_to_proto
+from tessera.v1 import common_pb2, encoder_pb2
+from tessera.wire import block_from_proto, block_to_proto, fill_block_proto
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -165,6 +166,27 @@ def test_block_from_proto_rejects_inconsistent_messages(dtype, shape, data):
 def test_block_from_proto_keeps_fields():
     block = RowBlock("bfloat16", 3, 2, bytes(range(12)))
     assert block_from_proto(block_to_proto(block)) == block
+
+
+def test_a_block_filled_into_a_message_being_built_is_the_same_message():
+    """The encoder fills each slice message's rows in place (no second copy of the
+    bytes); a reader must see exactly what the nested constructor would have sent."""
+    block = RowBlock("float16", 3, 2, bytes(range(12)))
+    built = encoder_pb2.EmbeddingSlice(content_hash="ab" * 32, start=7)
+    fill_block_proto(built.rows, block)
+    nested = encoder_pb2.EmbeddingSlice(
+        content_hash="ab" * 32,
+        start=7,
+        rows=common_pb2.TensorBytes(dtype="float16", shape=[3, 2], data=bytes(range(12))),
+    )
+    assert built.SerializeToString() == nested.SerializeToString()
+    fill_block_proto(built.rows, RowBlock("float32", 1, 1, bytes(4)))  # a refill replaces
+    assert block_from_proto(built.rows) == RowBlock("float32", 1, 1, bytes(4))
+
+
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16"])
+def test_itemsize_is_the_dtypes_element_size(name):
+    assert itemsize(name) == torch.empty((), dtype=parse_dtype(name)).element_size()
 
 
 @pytest.mark.parametrize("shape", [(0, 4), (4, 0)])
