@@ -1,7 +1,8 @@
 """`make bench`: Tessera and every baseline side by side, on the same seeded requests.
 
     python -m benchmarks.run [--quick] [--family NAME | --model M] [--image-sides MIN MAX]
-                             [--out DIR] [--redis-url URL]
+                             [--out DIR] [--redis-url URL] [--tls] [--encoder-flags FLAGS]
+                             [--growth-repeats N] [--device D] [--dtype T]
                              [--suites arms chunks poisson latency wire growth fleet]
 
 Arms: hf-generate (generate() in this process), reencode-per-chunk (chunked prefill that
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -25,25 +27,23 @@ from pathlib import Path
 from benchmarks import disagg, fleet, growth, latency, plots, report, wire
 from benchmarks.common import bench_model, environment
 from benchmarks.inprocess import HfGenerate, ReencodePerChunk
-from benchmarks.scale import FULL, QUICK, Scale
+from benchmarks.options import SUITES, parse_args, scale_of
+from benchmarks.scale import Scale
 from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
 from benchmarks.workloads import Spec
-from tessera.demo_models import AUDIO_DEMO_FAMILIES
 from tessera.testbed.cluster import Cluster
+from tessera.testbed.devices import RunOn
 from tessera.testbed.redis_server import PrivateRedis
 from tessera.testbed.reference import Reference
+from tessera.tls import TlsFiles
 
-SUITES = ["arms", "chunks", "poisson", "latency", "wire", "step", "growth", "fleet", "disagg"]
 # Image sides (min, max) in px drawn by the workloads, by family: dynamic-resolution
 # families get images from 200 px to 1500 px (Qwen2.5-VL bench: ~50 to ~2500 rows).
 IMAGE_SIDES = {name: (200, 1500) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")}
 DEFAULT_IMAGE_SIDES = (96, 320)
 # Audio families draw clips of 2-30 s instead of images (a Qwen2-Audio window is 30 s).
 CLIP_SECONDS = (2.0, 30.0)
-# Suites whose workloads are images whatever the family (latency: 4 items of a prompt
-# in one chunk, beyond a context of 30 s clips).
-IMAGE_ONLY_SUITES = ("latency", "growth", "wire", "fleet", "disagg")
 # Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
 # request names its chunk size.
 DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
@@ -56,7 +56,8 @@ class Bench:
         self.model = bench_model(args.model, args.family)
         self.env = environment(self.model, sys.argv[1:])
         print(f"environment: {json.dumps(self.env)}", flush=True)
-        self.cluster = Cluster()
+        self.tls = role_certificates() if args.tls else None
+        self.cluster = Cluster(client_tls=self.tls["client"] if self.tls else None)
         self.redis = None
         self.fingerprint = uuid.uuid4().hex if args.redis_url else None
         self.results: dict[str, object] = {"environment": self.env}
@@ -65,12 +66,16 @@ class Bench:
     def start(self) -> None:
         model, suites = self.model, self.args.suites
         unique = ["--model-fingerprint", self.fingerprint] if self.fingerprint else []
+        unique += RunOn(self.args.device, self.args.dtype).service_args()
         redis = ["--redis-url", self.args.redis_url] if self.args.redis_url else []
+        redis += shlex.split(self.args.encoder_flags)
         self.tessera = add_deployment(
-            self.cluster, "tessera", model, 1, redis, DECODER_FLAGS, unique
+            self.cluster, "tessera", model, 1, redis, DECODER_FLAGS, unique, self.tls
         )
+        whole_flags = [*DECODER_FLAGS, "--fetch-mode", "whole"]
+        on = RunOn(self.args.device, self.args.dtype).service_args()
         self.whole = add_deployment(
-            self.cluster, "whole-fetch", model, 1, (), [*DECODER_FLAGS, "--fetch-mode", "whole"]
+            self.cluster, "whole-fetch", model, 1, (), whole_flags, on, self.tls
         )
         self.no_cache = add_deployment(
             self.cluster,
@@ -79,22 +84,26 @@ class Bench:
             1,
             ["--cache-bytes", "0"],
             [*DECODER_FLAGS, "--no-enable-prefix-caching"],
+            on,
+            self.tls,
         )
-        if "fleet" in suites:
-            self._start_fleet()
         self.colocated = None
         if "disagg" in suites:
             self.colocated = disagg.add_colocated_deployment(
                 self.cluster, "colocated", model, DECODER_FLAGS
             )
+        if "fleet" in suites:
+            self._start_fleet()
         started = time.perf_counter()
         print(f"starting {len(self.cluster.children)} service processes", flush=True)
         self.cluster.wait_ready()
         print(f"  ready in {time.perf_counter() - started:.0f}s", flush=True)
-        reference = Reference(Path(model))
+        reference = Reference(Path(model), RunOn(self.args.device, self.args.dtype))
         self.hf = HfGenerate(reference)
+        # Its own chunked loop builds positions and masks on the CPU.
+        on_cpu = self.args.device == "cpu"
         self.reencode = (
-            ReencodePerChunk(reference) if ReencodePerChunk.supports(reference) else None
+            ReencodePerChunk(reference) if on_cpu and ReencodePerChunk.supports(reference) else None
         )
         sides = self.args.image_sides or IMAGE_SIDES.get(self.args.family, DEFAULT_IMAGE_SIDES)
         self.env["image_sides"] = list(sides)
@@ -327,39 +336,22 @@ class Bench:
         self.md[:0] = ["## Targets (docs/design.md)\n", table, ""]
 
 
+def role_certificates() -> dict[str, TlsFiles]:
+    """A throwaway CA and a certificate per role (`tessera serve --tls auto`'s kind)."""
+    from tessera.certs import write_role_certificates
+
+    return write_role_certificates(Path(tempfile.mkdtemp(prefix="tessera-bench-tls-")))
+
+
 def takes_audio(reference: Reference) -> bool:
     return hasattr(reference.model.config, "audio_config")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint (default: a fresh bench demo model)")
-    parser.add_argument(
-        "--family",
-        default="llava",
-        help="family of the bench demo model made when no --model is given (default: llava)",
-    )
-    parser.add_argument(
-        "--image-sides",
-        type=int,
-        nargs=2,
-        metavar=("MIN", "MAX"),
-        help="image sides in px the workloads draw from (default: by family)",
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer requests (< 5 minutes)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--redis-url", help="the tessera arm's encoder also uses this Redis")
-    parser.add_argument("--suites", nargs="+", choices=SUITES, default=SUITES)
-    args = parser.parse_args()
-    image_only = sorted(set(args.suites) & set(IMAGE_ONLY_SUITES))
-    if args.family in AUDIO_DEMO_FAMILIES and not args.model and image_only:
-        parser.error(
-            f"suites {', '.join(image_only)} send images; with --family {args.family} "
-            "choose from --suites arms chunks poisson"
-        )
+    args = parse_args(__doc__.splitlines()[0])
     plots.require_matplotlib()
     args.out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(args, QUICK if args.quick else FULL)
+    bench = Bench(args, scale_of(args))
     started = time.perf_counter()
     try:
         bench.start()
