@@ -62,8 +62,16 @@ def parse_args(description: str, argv: Sequence[str] | None = None) -> argparse.
         default="",
         help="more flags for the tessera arm's encoder, e.g. \"--trust-content-hashes-from=''\"",
     )
+    parser.add_argument(
+        "--growth-compare-encoder-flags",
+        help="the growth table also runs tessera-b, a second deployment whose encoder gets "
+        "these flags, request by request beside the others (e.g. "
+        "--trust-content-hashes-from= with --tls: the hash check's cost)",
+    )
     parser.add_argument("--suites", nargs="+", choices=SUITES, default=SUITES)
     args = parser.parse_args(argv)
+    if args.growth_compare_encoder_flags is not None and "growth" not in args.suites:
+        parser.error("--growth-compare-encoder-flags: add growth to --suites")
     if args.tls and set(args.suites) - set(TLS_SUITES):
         parser.error(f"--tls: choose from --suites {' '.join(TLS_SUITES)}")
     image_only = sorted(set(args.suites) & set(IMAGE_ONLY_SUITES))

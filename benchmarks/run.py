@@ -68,10 +68,23 @@ class Bench:
         unique = ["--model-fingerprint", self.fingerprint] if self.fingerprint else []
         unique += RunOn(self.args.device, self.args.dtype).service_args()
         redis = ["--redis-url", self.args.redis_url] if self.args.redis_url else []
-        redis += shlex.split(self.args.encoder_flags)
         self.tessera = add_deployment(
-            self.cluster, "tessera", model, 1, redis, DECODER_FLAGS, unique, self.tls
+            self.cluster,
+            "tessera",
+            model,
+            1,
+            [*redis, *shlex.split(self.args.encoder_flags)],
+            DECODER_FLAGS,
+            unique,
+            self.tls,
         )
+        compare = self.args.growth_compare_encoder_flags
+        self.tessera_b = None
+        if compare is not None:
+            b_flags = [*redis, *shlex.split(compare)]
+            self.tessera_b = add_deployment(
+                self.cluster, "tessera-b", model, 1, b_flags, DECODER_FLAGS, unique, self.tls
+            )
         whole_flags = [*DECODER_FLAGS, "--fetch-mode", "whole"]
         on = RunOn(self.args.device, self.args.dtype).service_args()
         self.whole = add_deployment(
@@ -118,7 +131,7 @@ class Bench:
         warm = self.runner.with_default_side(
             Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1)
         )
-        self.runner.closed_loop("warm-up", warm, self.arms, 2)
+        self.runner.closed_loop("warm-up", warm, [*self.arms, *self.extra_arms], 2)
 
     def _start_fleet(self) -> None:
         self.redis = PrivateRedis(Path(tempfile.mkdtemp(prefix="tessera-bench-redis-")))
@@ -127,8 +140,13 @@ class Bench:
             self.cluster, self.model, self.redis.url, self.scale.fleet_pool, self.no_cache
         )
 
+    @property
+    def extra_arms(self) -> list:
+        """Arms only the growth table runs (--growth-compare-encoder-flags)."""
+        return [self.tessera_b] if self.tessera_b is not None else []
+
     def stop(self) -> None:
-        for arm in (self.tessera, self.whole, self.no_cache, self.colocated):
+        for arm in (self.tessera, self.whole, self.no_cache, self.colocated, *self.extra_arms):
             if arm is not None:
                 arm.close()
         self.cluster.stop()
@@ -261,14 +279,19 @@ class Bench:
 
     def growth_suite(self) -> None:
         results = growth.measure(
-            self.runner, self.hf, self.tessera, self.scale.growth_repeats, self.scale.growth_values
+            self.runner,
+            [self.hf, self.tessera, *self.extra_arms],
+            self.scale.growth_repeats,
+            self.scale.growth_values,
         )
         self.results["growth"] = [
             {"axis": s.axis, "value": s.value, **c.summary()} for s, c in results
         ]
         self.md += [
             "## Cost growth (one request at a time, fresh images)\n",
-            growth.table(results, self.hf.name, self.tessera.name),
+            growth.table(
+                results, self.hf.name, self.tessera.name, [a.name for a in self.extra_arms]
+            ),
             "",
         ]
 
