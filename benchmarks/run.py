@@ -48,6 +48,11 @@ CLIP_SECONDS = (2.0, 30.0)
 # request names its chunk size.
 DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
 DECODER_FLAGS += ["--max-num-seqs", "16"]
+# No embedding cache: nothing is kept unpinned, but a request's pins keep its items until
+# its prefill has them (without a pin budget an item finished before the decoder asked
+# for it was gone, and the arm worked only while fetches won that race).
+NO_CACHE_ENCODER_FLAGS = ["--cache-bytes", "0", "--max-pinned-bytes", str(64 << 20)]
+NO_CACHE_ENCODER_FLAGS += ["--max-pinned-bytes-per-owner", str(64 << 20)]
 
 
 class Bench:
@@ -95,7 +100,7 @@ class Bench:
             "no-cache",
             model,
             1,
-            ["--cache-bytes", "0"],
+            NO_CACHE_ENCODER_FLAGS,
             [*DECODER_FLAGS, "--no-enable-prefix-caching"],
             on,
             self.tls,
