@@ -15,6 +15,8 @@ SUITES = ["arms", "chunks", "poisson", "latency", "wire", "step", "growth", "fle
 # Suites whose workloads are images whatever the family (latency: 4 items of a prompt
 # in one chunk, beyond a context of 30 s clips).
 IMAGE_ONLY_SUITES = ("latency", "growth", "wire", "fleet", "disagg")
+# Suites that compare the baseline arms (the others need only generate() and tessera).
+BASELINE_SUITES = ("arms", "chunks", "poisson", "fleet")
 # Suites that reach the services only through ServiceArm (which takes the TLS files).
 TLS_SUITES = ("arms", "chunks", "poisson", "growth")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from benchmarks import disagg, fleet, growth, latency, plots, report, wire
 from benchmarks.common import bench_model, environment
 from benchmarks.inprocess import HfGenerate, ReencodePerChunk
-from benchmarks.options import SUITES, parse_args, scale_of
+from benchmarks.options import BASELINE_SUITES, SUITES, parse_args, scale_of
 from benchmarks.scale import Scale
 from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
@@ -90,21 +90,25 @@ class Bench:
             self.tessera_b = add_deployment(
                 self.cluster, "tessera-b", model, 1, b_flags, DECODER_FLAGS, unique, self.tls
             )
-        whole_flags = [*DECODER_FLAGS, "--fetch-mode", "whole"]
-        on = RunOn(self.args.device, self.args.dtype).service_args()
-        self.whole = add_deployment(
-            self.cluster, "whole-fetch", model, 1, (), whole_flags, on, self.tls
-        )
-        self.no_cache = add_deployment(
-            self.cluster,
-            "no-cache",
-            model,
-            1,
-            NO_CACHE_ENCODER_FLAGS,
-            [*DECODER_FLAGS, "--no-enable-prefix-caching"],
-            on,
-            self.tls,
-        )
+        self.whole = self.no_cache = None
+        # The baselines run only in the suites that compare them: three service
+        # processes each, on a machine that may be short of memory.
+        if self.baselines:
+            whole_flags = [*DECODER_FLAGS, "--fetch-mode", "whole"]
+            on = RunOn(self.args.device, self.args.dtype).service_args()
+            self.whole = add_deployment(
+                self.cluster, "whole-fetch", model, 1, (), whole_flags, on, self.tls
+            )
+            self.no_cache = add_deployment(
+                self.cluster,
+                "no-cache",
+                model,
+                1,
+                NO_CACHE_ENCODER_FLAGS,
+                [*DECODER_FLAGS, "--no-enable-prefix-caching"],
+                on,
+                self.tls,
+            )
         self.colocated = None
         if "disagg" in suites:
             self.colocated = disagg.add_colocated_deployment(
@@ -121,7 +125,9 @@ class Bench:
         # Its own chunked loop builds positions and masks on the CPU.
         on_cpu = self.args.device == "cpu"
         self.reencode = (
-            ReencodePerChunk(reference) if on_cpu and ReencodePerChunk.supports(reference) else None
+            ReencodePerChunk(reference)
+            if self.baselines and on_cpu and ReencodePerChunk.supports(reference)
+            else None
         )
         sides = self.args.image_sides or IMAGE_SIDES.get(self.args.family, DEFAULT_IMAGE_SIDES)
         self.env["image_sides"] = list(sides)
@@ -144,6 +150,12 @@ class Bench:
         self.fleet = fleet.start_processes(
             self.cluster, self.model, self.redis.url, self.scale.fleet_pool, self.no_cache
         )
+
+    @property
+    def baselines(self) -> bool:
+        """Whether a chosen suite compares the baseline arms (whole-fetch, no-cache,
+        reencode-per-chunk), not only generate() and tessera."""
+        return bool(set(self.args.suites) & set(BASELINE_SUITES))
 
     @property
     def extra_arms(self) -> list:
