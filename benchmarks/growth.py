@@ -4,6 +4,7 @@ request with fresh images (so each one is encoded)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from benchmarks.common import markdown_table
@@ -55,21 +56,28 @@ def settings(repeats: int, values: dict[str, tuple[int, ...]], seed: int = 9000)
 
 def measure(
     runner: CellRunner,
-    hf: HfGenerate,
-    tessera: ServiceArm,
+    arms: Sequence[HfGenerate | ServiceArm],
     repeats: int,
     values: dict[str, tuple[int, ...]],
 ) -> list[tuple[Setting, CellResult]]:
+    """Every setting's requests through `arms` (generate() first), taking turns request
+    by request, so that load on the machine falls on every arm alike."""
     results = []
     for setting in settings(repeats, values):
         cell = runner.closed_loop(
-            f"growth {setting.spec.name}", setting.spec, [hf, tessera], 1, group_size=1
+            f"growth {setting.spec.name}", setting.spec, list(arms), 1, group_size=1
         )
         results.append((setting, cell))
     return results
 
 
-def table(results: list[tuple[Setting, CellResult]], hf_name: str, tessera_name: str) -> str:
+def table(
+    results: list[tuple[Setting, CellResult]],
+    hf_name: str,
+    tessera_name: str,
+    others: Sequence[str] = (),
+) -> str:
+    """One row per setting; `others` (more service arms) add a TTFT column each."""
     rows = []
     for setting, cell in results:
         hf, tessera = cell.arms[hf_name], cell.arms[tessera_name]
@@ -83,6 +91,7 @@ def table(results: list[tuple[Setting, CellResult]], hf_name: str, tessera_name:
                 median(tessera.latency_s) * 1000,
                 median(hf.ttft_s) * 1000,
                 median(tessera.ttft_s) * 1000,
+                *(median(cell.arms[name].ttft_s) * 1000 for name in others),
                 hf.peak_rss_mb.get("process"),
                 memory.get("gateway"),
                 memory.get("encoder"),
@@ -98,6 +107,7 @@ def table(results: list[tuple[Setting, CellResult]], hf_name: str, tessera_name:
             "tessera ms",
             "generate() TTFT ms",
             "tessera TTFT ms",
+            *(f"{name} TTFT ms" for name in others),
             "generate() peak RSS MB",
             "gateway MB",
             "encoder MB",

@@ -103,7 +103,8 @@ class HfGenerate(InProcessArm):
             started=started,
             token_times=clock.times,
             encoder_passes=len(request.items),
-            logits=[step[0].float() for step in out.logits],
+            logits=[step[0].float().cpu() for step in out.logits],
+            run_on=self.reference.run_on,
         )
 
 

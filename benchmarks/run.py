@@ -1,7 +1,8 @@
 """`make bench`: Tessera and every baseline side by side, on the same seeded requests.
 
     python -m benchmarks.run [--quick] [--family NAME | --model M] [--image-sides MIN MAX]
-                             [--out DIR] [--redis-url URL]
+                             [--out DIR] [--redis-url URL] [--tls] [--encoder-flags FLAGS]
+                             [--growth-repeats N] [--device D] [--dtype T]
                              [--suites arms chunks poisson latency wire growth fleet]
 
 Arms: hf-generate (generate() in this process), reencode-per-chunk (chunked prefill that
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -25,29 +27,32 @@ from pathlib import Path
 from benchmarks import disagg, fleet, growth, latency, plots, report, wire
 from benchmarks.common import bench_model, environment
 from benchmarks.inprocess import HfGenerate, ReencodePerChunk
-from benchmarks.scale import FULL, QUICK, Scale
+from benchmarks.options import BASELINE_SUITES, SUITES, parse_args, scale_of
+from benchmarks.scale import Scale
 from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
 from benchmarks.workloads import Spec
-from tessera.demo_models import AUDIO_DEMO_FAMILIES
 from tessera.testbed.cluster import Cluster
+from tessera.testbed.devices import RunOn
 from tessera.testbed.redis_server import PrivateRedis
 from tessera.testbed.reference import Reference
+from tessera.tls import TlsFiles
 
-SUITES = ["arms", "chunks", "poisson", "latency", "wire", "step", "growth", "fleet", "disagg"]
 # Image sides (min, max) in px drawn by the workloads, by family: dynamic-resolution
 # families get images from 200 px to 1500 px (Qwen2.5-VL bench: ~50 to ~2500 rows).
 IMAGE_SIDES = {name: (200, 1500) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")}
 DEFAULT_IMAGE_SIDES = (96, 320)
 # Audio families draw clips of 2-30 s instead of images (a Qwen2-Audio window is 30 s).
 CLIP_SECONDS = (2.0, 30.0)
-# Suites whose workloads are images whatever the family (latency: 4 items of a prompt
-# in one chunk, beyond a context of 30 s clips).
-IMAGE_ONLY_SUITES = ("latency", "growth", "wire", "fleet", "disagg")
 # Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
 # request names its chunk size.
 DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
 DECODER_FLAGS += ["--max-num-seqs", "16"]
+# No embedding cache: nothing is kept unpinned, but a request's pins keep its items until
+# its prefill has them (without a pin budget an item finished before the decoder asked
+# for it was gone, and the arm worked only while fetches won that race).
+NO_CACHE_ENCODER_FLAGS = ["--cache-bytes", "0", "--max-pinned-bytes", str(64 << 20)]
+NO_CACHE_ENCODER_FLAGS += ["--max-pinned-bytes-per-owner", str(64 << 20)]
 
 
 class Bench:
@@ -56,7 +61,8 @@ class Bench:
         self.model = bench_model(args.model, args.family)
         self.env = environment(self.model, sys.argv[1:])
         print(f"environment: {json.dumps(self.env)}", flush=True)
-        self.cluster = Cluster()
+        self.tls = role_certificates() if args.tls else None
+        self.cluster = Cluster(client_tls=self.tls["client"] if self.tls else None)
         self.redis = None
         self.fingerprint = uuid.uuid4().hex if args.redis_url else None
         self.results: dict[str, object] = {"environment": self.env}
@@ -65,36 +71,63 @@ class Bench:
     def start(self) -> None:
         model, suites = self.model, self.args.suites
         unique = ["--model-fingerprint", self.fingerprint] if self.fingerprint else []
+        unique += RunOn(self.args.device, self.args.dtype).service_args()
         redis = ["--redis-url", self.args.redis_url] if self.args.redis_url else []
         self.tessera = add_deployment(
-            self.cluster, "tessera", model, 1, redis, DECODER_FLAGS, unique
-        )
-        self.whole = add_deployment(
-            self.cluster, "whole-fetch", model, 1, (), [*DECODER_FLAGS, "--fetch-mode", "whole"]
-        )
-        self.no_cache = add_deployment(
             self.cluster,
-            "no-cache",
+            "tessera",
             model,
             1,
-            ["--cache-bytes", "0"],
-            [*DECODER_FLAGS, "--no-enable-prefix-caching"],
+            [*redis, *shlex.split(self.args.encoder_flags)],
+            DECODER_FLAGS,
+            unique,
+            self.tls,
         )
-        if "fleet" in suites:
-            self._start_fleet()
+        compare = self.args.growth_compare_encoder_flags
+        self.tessera_b = None
+        if compare is not None:
+            b_flags = [*redis, *shlex.split(compare)]
+            self.tessera_b = add_deployment(
+                self.cluster, "tessera-b", model, 1, b_flags, DECODER_FLAGS, unique, self.tls
+            )
+        self.whole = self.no_cache = None
+        # The baselines run only in the suites that compare them: three service
+        # processes each, on a machine that may be short of memory.
+        if self.baselines:
+            whole_flags = [*DECODER_FLAGS, "--fetch-mode", "whole"]
+            on = RunOn(self.args.device, self.args.dtype).service_args()
+            self.whole = add_deployment(
+                self.cluster, "whole-fetch", model, 1, (), whole_flags, on, self.tls
+            )
+            self.no_cache = add_deployment(
+                self.cluster,
+                "no-cache",
+                model,
+                1,
+                NO_CACHE_ENCODER_FLAGS,
+                [*DECODER_FLAGS, "--no-enable-prefix-caching"],
+                on,
+                self.tls,
+            )
         self.colocated = None
         if "disagg" in suites:
             self.colocated = disagg.add_colocated_deployment(
                 self.cluster, "colocated", model, DECODER_FLAGS
             )
+        if "fleet" in suites:
+            self._start_fleet()
         started = time.perf_counter()
         print(f"starting {len(self.cluster.children)} service processes", flush=True)
         self.cluster.wait_ready()
         print(f"  ready in {time.perf_counter() - started:.0f}s", flush=True)
-        reference = Reference(Path(model))
+        reference = Reference(Path(model), RunOn(self.args.device, self.args.dtype))
         self.hf = HfGenerate(reference)
+        # Its own chunked loop builds positions and masks on the CPU.
+        on_cpu = self.args.device == "cpu"
         self.reencode = (
-            ReencodePerChunk(reference) if ReencodePerChunk.supports(reference) else None
+            ReencodePerChunk(reference)
+            if self.baselines and on_cpu and ReencodePerChunk.supports(reference)
+            else None
         )
         sides = self.args.image_sides or IMAGE_SIDES.get(self.args.family, DEFAULT_IMAGE_SIDES)
         self.env["image_sides"] = list(sides)
@@ -109,7 +142,7 @@ class Bench:
         warm = self.runner.with_default_side(
             Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1)
         )
-        self.runner.closed_loop("warm-up", warm, self.arms, 2)
+        self.runner.closed_loop("warm-up", warm, [*self.arms, *self.extra_arms], 2)
 
     def _start_fleet(self) -> None:
         self.redis = PrivateRedis(Path(tempfile.mkdtemp(prefix="tessera-bench-redis-")))
@@ -118,8 +151,19 @@ class Bench:
             self.cluster, self.model, self.redis.url, self.scale.fleet_pool, self.no_cache
         )
 
+    @property
+    def baselines(self) -> bool:
+        """Whether a chosen suite compares the baseline arms (whole-fetch, no-cache,
+        reencode-per-chunk), not only generate() and tessera."""
+        return bool(set(self.args.suites) & set(BASELINE_SUITES))
+
+    @property
+    def extra_arms(self) -> list:
+        """Arms only the growth table runs (--growth-compare-encoder-flags)."""
+        return [self.tessera_b] if self.tessera_b is not None else []
+
     def stop(self) -> None:
-        for arm in (self.tessera, self.whole, self.no_cache, self.colocated):
+        for arm in (self.tessera, self.whole, self.no_cache, self.colocated, *self.extra_arms):
             if arm is not None:
                 arm.close()
         self.cluster.stop()
@@ -252,14 +296,19 @@ class Bench:
 
     def growth_suite(self) -> None:
         results = growth.measure(
-            self.runner, self.hf, self.tessera, self.scale.growth_repeats, self.scale.growth_values
+            self.runner,
+            [self.hf, self.tessera, *self.extra_arms],
+            self.scale.growth_repeats,
+            self.scale.growth_values,
         )
         self.results["growth"] = [
             {"axis": s.axis, "value": s.value, **c.summary()} for s, c in results
         ]
         self.md += [
             "## Cost growth (one request at a time, fresh images)\n",
-            growth.table(results, self.hf.name, self.tessera.name),
+            growth.table(
+                results, self.hf.name, self.tessera.name, [a.name for a in self.extra_arms]
+            ),
             "",
         ]
 
@@ -327,39 +376,22 @@ class Bench:
         self.md[:0] = ["## Targets (docs/design.md)\n", table, ""]
 
 
+def role_certificates() -> dict[str, TlsFiles]:
+    """A throwaway CA and a certificate per role (`tessera serve --tls auto`'s kind)."""
+    from tessera.certs import write_role_certificates
+
+    return write_role_certificates(Path(tempfile.mkdtemp(prefix="tessera-bench-tls-")))
+
+
 def takes_audio(reference: Reference) -> bool:
     return hasattr(reference.model.config, "audio_config")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="checkpoint (default: a fresh bench demo model)")
-    parser.add_argument(
-        "--family",
-        default="llava",
-        help="family of the bench demo model made when no --model is given (default: llava)",
-    )
-    parser.add_argument(
-        "--image-sides",
-        type=int,
-        nargs=2,
-        metavar=("MIN", "MAX"),
-        help="image sides in px the workloads draw from (default: by family)",
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer requests (< 5 minutes)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--redis-url", help="the tessera arm's encoder also uses this Redis")
-    parser.add_argument("--suites", nargs="+", choices=SUITES, default=SUITES)
-    args = parser.parse_args()
-    image_only = sorted(set(args.suites) & set(IMAGE_ONLY_SUITES))
-    if args.family in AUDIO_DEMO_FAMILIES and not args.model and image_only:
-        parser.error(
-            f"suites {', '.join(image_only)} send images; with --family {args.family} "
-            "choose from --suites arms chunks poisson"
-        )
+    args = parse_args(__doc__.splitlines()[0])
     plots.require_matplotlib()
     args.out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(args, QUICK if args.quick else FULL)
+    bench = Bench(args, scale_of(args))
     started = time.perf_counter()
     try:
         bench.start()

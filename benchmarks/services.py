@@ -7,17 +7,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import grpc
 
 from benchmarks.outcome import Outcome
 from benchmarks.workloads import BenchRequest
 from tessera.client import Client, Message
 from tessera.testbed.cluster import Cluster
+from tessera.tls import TlsFiles, sync_channel, tls_args
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 
 
@@ -35,14 +34,14 @@ def peak_rss_mb(pid: int | str) -> float:
     return float("nan")
 
 
-def encoder_stats(address: str) -> encoder_pb2.EncoderStats:
-    with grpc.insecure_channel(address) as channel:
+def encoder_stats(address: str, tls: TlsFiles | None = None) -> encoder_pb2.EncoderStats:
+    with sync_channel(address, tls) as channel:
         stub = encoder_pb2_grpc.EncoderServiceStub(channel)
         return stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
 
 
-def decoder_stats(address: str) -> decoder_pb2.DecoderStats:
-    with grpc.insecure_channel(address) as channel:
+def decoder_stats(address: str, tls: TlsFiles | None = None) -> decoder_pb2.DecoderStats:
+    with sync_channel(address, tls) as channel:
         stub = decoder_pb2_grpc.DecoderServiceStub(channel)
         return stub.GetStats(decoder_pb2.GetDecoderStatsRequest(), timeout=10)
 
@@ -93,12 +92,13 @@ class ServiceArm:
     encoders: list[str]
     decoder: str
     gateway: str
+    tls: TlsFiles | None = None  # the client's files, when the services use mutual TLS
     _client: Client | None = None
 
     @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.cluster.address(self.gateway))
+            self._client = Client(self.cluster.address(self.gateway), tls=self.tls)
         return self._client
 
     def processes(self) -> dict[str, int]:
@@ -107,10 +107,11 @@ class ServiceArm:
         return {role: self.cluster.child(n).process.pid for role, n in names.items()}
 
     def snapshot(self) -> ServiceCounters:
-        decoder = decoder_stats(self.cluster.address(self.decoder))
+        decoder = decoder_stats(self.cluster.address(self.decoder), self.tls)
         return ServiceCounters(
             encoder_passes=sum(
-                encoder_stats(self.cluster.address(e)).num_items_computed for e in self.encoders
+                encoder_stats(self.cluster.address(e), self.tls).num_items_computed
+                for e in self.encoders
             ),
             forward_seconds=decoder.forward_seconds,
             fetch_wait_seconds=decoder.fetch_wait_seconds,
@@ -182,16 +183,27 @@ def add_deployment(
     encoder_flags: Sequence[str] = (),
     decoder_flags: Sequence[str] = (),
     common_flags: Sequence[str] = (),
+    tls: Mapping[str, TlsFiles] | None = None,
 ) -> ServiceArm:
-    """Starts (without waiting for) one deployment's processes in `cluster`."""
+    """Starts (without waiting for) one deployment's processes in `cluster`; with `tls`
+    (files per role, tessera.certs), every hop uses mutual TLS."""
     base = ["--model", model, *common_flags]
+
+    def security(role: str) -> list[str]:
+        return tls_args(tls[role]) if tls else []
+
     encoders = [f"{name}-encoder{i}" for i in range(num_encoders)]
-    addresses = [cluster.start(e, "encoder", [*base, *encoder_flags]) for e in encoders]
+    addresses = [
+        cluster.start(e, "encoder", [*base, *security("encoder"), *encoder_flags]) for e in encoders
+    ]
     encoder_list = ["--encoders", ",".join(addresses)]
-    decoder = cluster.start(f"{name}-decoder", "decoder", [*base, *encoder_list, *decoder_flags])
+    decoder = cluster.start(
+        f"{name}-decoder", "decoder", [*base, *security("decoder"), *encoder_list, *decoder_flags]
+    )
     cluster.start(
         f"{name}-gateway",
         "gateway",
-        [*base, "--encoders", ",".join(addresses), "--decoders", decoder],
+        [*base, *security("gateway"), "--encoders", ",".join(addresses), "--decoders", decoder],
     )
-    return ServiceArm(name, cluster, encoders, f"{name}-decoder", f"{name}-gateway")
+    client = tls["client"] if tls else None
+    return ServiceArm(name, cluster, encoders, f"{name}-decoder", f"{name}-gateway", client)

@@ -95,10 +95,14 @@ class EmbeddingClient:
         timeout_seconds: float,
         fetch_whole: bool = False,
         colocated: ColocatedEncoder | None = None,
+        model_fingerprint: str = "",
     ):
         self.encoders = encoders
         # With --colocated-encoder: every item's rows come from this process's encoder.
         self.colocated = colocated
+        # Named in the Encode calls that re-send an item: the content hashes came from
+        # a gateway of this model (empty: unknown, and the encoder checks every hash).
+        self.model_fingerprint = model_fingerprint
         # A benchmark baseline: fetch each overlapping item's whole embedding for every
         # chunk, and still place only the chunk's rows.
         self.fetch_whole = fetch_whole
@@ -218,6 +222,7 @@ class EmbeddingClient:
             items=[media_item_to_proto(item.range, item.data, item.options, item.cache_salt)],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
+            model_fingerprint=self.model_fingerprint,
         )
         task = asyncio.ensure_future(stub.Encode(request, timeout=self.timeout_seconds))
         self._reencodes[key] = task

@@ -106,6 +106,7 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         config.fetch_timeout_seconds,
         fetch_whole=config.fetch_mode == "whole",
         colocated=colocated,
+        model_fingerprint=family.fingerprint,
     )
     # Rows usually arrive as float32; the bound is an estimate, not an exact count.
     prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, row_width * 4)

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from encoder_service.hash_trust import add_trust_flag
 from tessera.access import ANY_CALLER, AccessRules, add_allow_callers_flag, rules_from_args
 from tessera.config_common import (
     Secret,
@@ -81,6 +82,8 @@ class EncoderConfig:
     metrics_port: int
     tls: TlsFiles
     access: AccessRules
+    # Certificate names whose content hashes are taken as given (mutual TLS only).
+    trust_content_hashes_from: frozenset[str]
     enable_reflection: bool
     health_port: int
 
@@ -113,6 +116,7 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
     add_common_flags(parser, default_port=50052)
     add_tls_flags(parser)
     add_allow_callers_flag(parser, ENCODER_ACCESS)
+    add_trust_flag(parser)
     parser.add_argument(
         "--cache-bytes",
         type=int,

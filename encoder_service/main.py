@@ -8,6 +8,7 @@ import socket
 
 from encoder_service.config import EncoderConfig, add_encoder_flags
 from encoder_service.encoder import EncoderCore, FleetSettings
+from encoder_service.hash_trust import HashTrust
 from encoder_service.memory_store import MemoryStore
 from encoder_service.redis_connection import redis_settings
 from encoder_service.redis_format import RowShape
@@ -38,7 +39,8 @@ async def run(config: EncoderConfig) -> None:
         config.max_slices_per_call,
         config.max_slice_bytes_per_call,
     )
-    servicer = EncoderServicer(limits, config.slice_message_bytes)
+    trust = HashTrust.of(config.trust_content_hashes_from, config.tls.mutual)
+    servicer = EncoderServicer(limits, config.slice_message_bytes, trust)
 
     async def load() -> str:
         options = LoadOptions(
@@ -87,7 +89,8 @@ async def run(config: EncoderConfig) -> None:
             f"dtype={dtype_name(family.dtype)} cache_bytes={config.cache_bytes} "
             f"max_batch_items={config.max_batch_items} "
             f"redis={redis.describe() if redis else 'off'} "
-            f"replica={fleet.replica_id} metrics_port={config.metrics_port or 'off'}"
+            f"replica={fleet.replica_id} metrics_port={config.metrics_port or 'off'} "
+            f"hashes_trusted_from={trust.describe()}"
         )
 
     spec = service_spec("encoder", config)

@@ -16,7 +16,9 @@ from encoder_service.encoder import (
     Source,
     UnknownItemError,
 )
+from encoder_service.hash_trust import HashTrust
 from encoder_service.memory_store import Lease
+from tessera.access import caller_name
 from tessera.limits import check_cache_salt, check_request_id
 from tessera.media import ProcessingOptions
 from tessera.metrics import StatField, readings_from
@@ -43,11 +45,12 @@ class CallLimits:
 
 
 class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
-    def __init__(self, limits: CallLimits, slice_message_bytes: int):
+    def __init__(self, limits: CallLimits, slice_message_bytes: int, trust: HashTrust):
         self.core: EncoderCore | None = None  # set once the model is loaded
         self.background: list[asyncio.Task] = []
         self.limits = limits
         self.slice_message_bytes = slice_message_bytes
+        self.trust = trust
 
     def _lease(self, owner: str, lease_ms: int) -> Lease | None:
         """Raises ValueError for a lease longer than --max-lease-ms or an overlong owner."""
@@ -62,6 +65,9 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
     async def Encode(self, request, context):
         await abort_unless_ready(context, self.core is not None)
         try:
+            trusted = self.trust.trusts(
+                caller_name(context), request.model_fingerprint, self.core.family.fingerprint
+            )
             items = [
                 EncodeItem(
                     item.content_hash,
@@ -69,6 +75,7 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
                     item.data,
                     ProcessingOptions.of(item.processing_options),
                     check_cache_salt(item.cache_salt),
+                    hash_trusted=trusted,
                 )
                 for item in request.items
             ]
@@ -157,6 +164,8 @@ def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
         redis_enabled=core.shared is not None,
         num_pinned_bytes=store.num_pinned_bytes,
         num_pins_refused=store.stats.num_pins_refused,
+        num_hashes_verified=counters.num_hashes_verified,
+        num_hashes_trusted=counters.num_hashes_trusted,
     )
 
 
@@ -221,6 +230,18 @@ ENCODER_METRICS: tuple[StatField, ...] = (
         "Pins not granted for the pin bounds (item stays evictable)",
         "counter",
         "num_pins_refused",
+    ),
+    (
+        "tessera_encoder_hashes_verified_total",
+        "Items computed whose content hash was checked against their decoded content",
+        "counter",
+        "num_hashes_verified",
+    ),
+    (
+        "tessera_encoder_hashes_trusted_total",
+        "Items computed whose content hash was taken from a trusted caller unchecked",
+        "counter",
+        "num_hashes_trusted",
     ),
     (
         "tessera_encoder_degraded",

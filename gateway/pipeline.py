@@ -297,6 +297,10 @@ class GenerationPipeline:
             items=[media_item_to_proto(i.range, i.data, i.options, salt) for i in items],
             lease_owner=generation.request_id,
             lease_ms=self.lease_ms,
+            # What the hashes were made with: an encoder that trusts this gateway's
+            # hashes (mutual TLS) then skips hashing the pixels again, and one serving
+            # another model refuses instead of filing its rows under these names.
+            model_fingerprint=self.builder.family.fingerprint,
         )
         order = encoder_order(items[0].range.content_hash, self.encoders)
         candidates = [address, *[a for a in order if a != address]]

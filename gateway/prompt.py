@@ -113,9 +113,7 @@ class PromptBuilder:
             options = self.family.processing_options(requested, len(media))
         except ValueError as error:
             raise PromptError(f"mm_processor_kwargs: {error}") from None
-        prepared = [
-            self._prepare(index, part, options, cache_salt) for index, part in enumerate(media)
-        ]
+        prepared = self._prepare_all(media, options, cache_salt)
         template_messages = [_template_message(m) for m in messages]
         if self.family.renders_token_ids:
             if tools:
@@ -190,6 +188,24 @@ class PromptBuilder:
                 f"the messages hold {num_chars} characters of text; this model's context of "
                 f"{self.family.max_model_len} tokens holds at most {max_chars}: shorten them"
             )
+
+    def _prepare_all(
+        self, media: Sequence[MediaPart], options: ProcessingOptions, cache_salt: str
+    ) -> list[_PreparedItem]:
+        """Each part decoded and hashed once per request: an item sent again in the same
+        request (the same picture twice, in one message or in two turns) reuses the
+        first one's work. Parts are told apart by length before their bytes are compared,
+        so distinct items cost no extra pass over their bytes."""
+        seen: dict[tuple[Modality, int], list[_PreparedItem]] = {}
+        prepared = []
+        for index, part in enumerate(media):
+            same_size = seen.setdefault((part.modality, len(part.data)), [])
+            item = next((i for i in same_size if i.data == part.data), None)
+            if item is None:
+                item = self._prepare(index, part, options, cache_salt)
+                same_size.append(item)
+            prepared.append(item)
+        return prepared
 
     def _prepare(
         self, index: int, part: MediaPart, options: ProcessingOptions, cache_salt: str

@@ -12,6 +12,24 @@ import pytest
 
 from tessera.launcher import free_port
 from tessera.testbed.cluster import Cluster
+from tessera.testbed.devices import DTYPES, RunOn
+
+
+def pytest_addoption(parser) -> None:
+    """Where the services and the oracle run (scripts/gpu_check.sh: cuda, bfloat16)."""
+    parser.addoption("--tessera-device", default="cpu", help="torch device of services and oracle")
+    parser.addoption(
+        "--tessera-dtype",
+        default="float32",
+        choices=list(DTYPES),
+        help="dtype of services and oracle; greedy output is compared with generate() run "
+        "in the same dtype on the same device",
+    )
+
+
+@pytest.fixture(scope="session")
+def run_on(pytestconfig) -> RunOn:
+    return RunOn(pytestconfig.getoption("tessera_device"), pytestconfig.getoption("tessera_dtype"))
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +48,10 @@ def other_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster(demo_model_dir) -> Cluster:
+def cluster(demo_model_dir, run_on) -> Cluster:
     """Gateway + encoder + decoder, plus a second encoder with no cache to speak of."""
     # Reflection is off by default; test_lifecycle checks it is served when asked for.
-    model = ["--model", str(demo_model_dir), "--enable-reflection"]
+    model = ["--model", str(demo_model_dir), "--enable-reflection", *run_on.service_args()]
     services = Cluster()
     try:
         services.metrics_ports = {"encoder": free_port(), "decoder": free_port()}
@@ -65,11 +83,12 @@ def cluster(demo_model_dir) -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def reference(demo_model_dir):
-    """The oracle: the checkpoint's own model and processor, in this process."""
+def reference(demo_model_dir, run_on):
+    """The oracle: the checkpoint's own model and processor, in this process, on the
+    services' device and dtype."""
     from tessera.testbed.reference import Reference
 
-    return Reference(demo_model_dir)
+    return Reference(demo_model_dir, run_on)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import base64
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
 from PIL import Image
-from transformers import AutoConfig, AutoProcessor
+from transformers import AutoConfig, AutoProcessor, BatchFeature
 
 from tessera.client import Audio
+from tessera.testbed.devices import RunOn
 from tessera.testbed.media import noise_image  # noqa: F401  (tests import it from here)
-
-# Packed/chunked attention and one-shot attention differ by ~1e-6 in float32; a greedy
-# difference is only acceptable where the reference's top two logits are this close.
-NEAR_TIE = 1e-5
-
 
 # A test prompt: (role, parts), each part text, an encoded image (bytes) or Audio.
 Messages = list[tuple[str, list[str | bytes | Audio]]]
@@ -70,14 +66,22 @@ def reference_audio(data: bytes, sampling_rate: int) -> np.ndarray:
 class ReferenceOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
-    logits: list[torch.Tensor]  # [vocab] float32 per generated step
+    logits: list[torch.Tensor]  # [vocab] float32 per generated step, on the CPU
+    # Where generate() ran: what counts as a tie in its dtype (tessera.testbed.devices).
+    run_on: RunOn = field(default_factory=RunOn)
 
 
 class Reference:
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, run_on: RunOn | None = None):
+        """The checkpoint on `run_on`'s device, in its dtype (default: float32 on the CPU,
+        whatever dtype the checkpoint was saved in)."""
+        self.run_on = run_on = run_on or RunOn()
         self.processor = AutoProcessor.from_pretrained(model_dir)
         architecture = AutoConfig.from_pretrained(model_dir).architectures[0]
-        self.model = getattr(transformers, architecture).from_pretrained(model_dir).eval()
+        model = getattr(transformers, architecture).from_pretrained(
+            model_dir, dtype=run_on.torch_dtype
+        )
+        self.model = model.to(run_on.device).eval()
         config = self.model.config
         self.hidden_size = config.get_text_config().hidden_size
         # The placeholder token of the family's media (images or audio).
@@ -90,15 +94,27 @@ class Reference:
 
     @property
     def row_bytes(self) -> int:
-        """float32 bytes of one embedding row, every plane."""
-        return self.hidden_size * self.num_planes * 4
+        """Bytes of one embedding row, every plane, in the run's dtype (the encoder's)."""
+        return self.hidden_size * self.num_planes * self.run_on.torch_dtype.itemsize
 
     @property
     def renders_token_ids(self) -> bool:
         """Mistral's tokenizer (Voxtral) renders conversations itself, audio included."""
         return type(self.processor.tokenizer).__name__ == "MistralCommonBackend"
 
-    def inputs(self, messages: Messages, **processor_kwargs: object) -> dict:
+    def inputs(self, messages: Messages, **processor_kwargs: object) -> BatchFeature:
+        """The processor's inputs, on the run's device; pixel values and audio
+        features in its dtype, as the model takes them."""
+        processed = self._processed(messages, **processor_kwargs)
+        return BatchFeature({name: self._placed(value) for name, value in processed.items()})
+
+    def _placed(self, value: object) -> object:
+        if not isinstance(value, torch.Tensor):
+            return value
+        dtype = self.run_on.torch_dtype if value.is_floating_point() else None
+        return value.to(self.run_on.device, dtype)
+
+    def _processed(self, messages: Messages, **processor_kwargs: object) -> dict:
         if self.renders_token_ids:
             return self._mistral_inputs(messages)
         text = self.processor.apply_chat_template(
@@ -166,7 +182,8 @@ class Reference:
         return ReferenceOutput(
             prompt_token_ids=prompt,
             token_ids=out.sequences[0, len(prompt) :].tolist(),
-            logits=[step[0].float() for step in out.logits],
+            logits=[step[0].float().cpu() for step in out.logits],
+            run_on=self.run_on,
         )
 
 
@@ -183,7 +200,7 @@ def assert_greedy_match(ours: list[int], reference: ReferenceOutput, case: str =
             continue
         top2 = torch.topk(reference.logits[step], 2).values
         gap = float(top2[0] - top2[1])
-        assert gap < NEAR_TIE, (
+        assert gap < reference.run_on.near_tie(float(top2[0])), (
             f"greedy tokens differ at step {step} ({mine} vs reference {theirs}) and the "
             f"reference's top-2 logit gap is {gap:.3g}, not a near-tie: a real bug\n"
             f"ours:      {ours}\nreference: {reference.token_ids}"

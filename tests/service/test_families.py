@@ -101,10 +101,10 @@ class FamilyStack:
 
 
 @pytest.fixture(scope="module", params=list(DEMO_FAMILIES))
-def stack(request, tmp_path_factory) -> FamilyStack:
+def stack(request, tmp_path_factory, run_on) -> FamilyStack:
     name = request.param
     model_dir = make_demo_model(tmp_path_factory.mktemp(name) / "tiny", family=name, seed=0)
-    model = ["--model", str(model_dir)]
+    model = ["--model", str(model_dir), *run_on.service_args()]
     items = CLIPS if name in AUDIO_DEMO_FAMILIES else IMAGES
     cluster = Cluster()
     http_port = free_port()
@@ -115,7 +115,7 @@ def stack(request, tmp_path_factory) -> FamilyStack:
         decoder = cluster.start("decoder", "decoder", [*model, "--encoders", encoder])
         routes = ["--encoders", encoder, "--decoders", decoder, "--http-port", str(http_port)]
         cluster.start("gateway", "gateway", [*model, *limits, *routes])
-        reference = Reference(model_dir)
+        reference = Reference(model_dir, run_on)
         system = name not in NO_SYSTEM_PROMPT_WITH_MEDIA
         expected = {
             key: reference.generate(p, MAX_NEW_TOKENS) for key, p in prompts(items, system).items()

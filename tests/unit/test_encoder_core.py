@@ -170,3 +170,33 @@ def test_other_bytes_under_a_hash_fail_alone_and_reveal_nothing():
         assert block.num_rows == 2
 
     asyncio.run(scenario())
+
+
+def test_a_trusted_callers_hash_is_taken_as_given_and_anyone_elses_is_checked():
+    """Trust means the pixels are not hashed at all: rows of other bytes are filed under
+    the name a trusted caller gave (the risk docs/security.md states); the same item from
+    anyone else is refused."""
+
+    async def scenario() -> None:
+        family = HeldFamily()
+        family.release.set()
+        encoder = core(family)
+        named = item(7).content_hash
+        other_bytes = noise_image(8, 20, 20)
+        untrusted = EncodeItem(named, Modality.IMAGE, other_bytes)
+        with pytest.raises(InvalidItemError, match="does not match"):
+            await encoder.encode([untrusted], None)
+        assert (encoder.counters.num_hashes_verified, encoder.counters.num_hashes_trusted) == (1, 0)
+
+        trusted = EncodeItem(named, Modality.IMAGE, other_bytes, hash_trusted=True)
+        (result,) = await encoder.encode([trusted], None)
+        assert result.source.value == "computed"
+        assert (encoder.counters.num_hashes_verified, encoder.counters.num_hashes_trusted) == (1, 1)
+        first_pixel = float(decode_image(other_bytes).image.getpixel((0, 0))[0])
+        assert result.block.rows(0, 1).data == encode_rows(torch.full((1, 8), first_pixel)).data
+
+        # Served from memory afterwards: the bytes are not used, so neither is counted.
+        await encoder.encode([untrusted], None)
+        assert (encoder.counters.num_hashes_verified, encoder.counters.num_hashes_trusted) == (1, 1)
+
+    asyncio.run(scenario())

@@ -4,7 +4,11 @@ expanded prompt's ids equal the family processor's own."""
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
+from PIL import Image
 
 from gateway.config import GatewayConfig
 from gateway.main import build_parser
@@ -69,3 +73,28 @@ def test_the_server_flag_is_parsed_and_checked():
     for bad in ('{"max_pixels": "big"}', "[1, 2]", "not json"):
         with pytest.raises(SystemExit):
             build_parser().parse_args([*base, "--mm-processor-kwargs", bad])
+
+
+def bmp(seed: int) -> bytes:
+    """A BMP of seeded noise: every 20x20 one has the same length, whatever its pixels."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (20, 20, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="BMP")
+    return buffer.getvalue()
+
+
+def test_an_item_sent_twice_in_a_request_is_decoded_and_hashed_once(qwen):
+    _, family = qwen
+    builder = PromptBuilder(family, MediaLimits(10**8), 4)
+    decoded: list[bytes] = []
+    decode = builder.decoder.decode
+    builder.decoder.decode = lambda modality, data: decoded.append(data) or decode(modality, data)
+    first, second = bmp(1), bmp(2)
+    assert len(first) == len(second) and first != second
+    sent = [first, "and", second, "then", IMAGE, "and", bytes(first), "?"]
+    prompt = builder.build(to_chat_inputs([("user", sent)]))
+    assert decoded == [first, second, IMAGE]  # the repeat of `first` reused its work
+    hashes = [item.range.content_hash for item in prompt.items]
+    assert hashes[0] == hashes[3] and len(set(hashes)) == 3
+    offsets = [item.range.offset for item in prompt.items]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 4
