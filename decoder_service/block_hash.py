@@ -46,7 +46,12 @@ def block_hashes(
             if hit is not None:
                 digest.update(item.content_hash.encode())
                 digest.update(
-                    struct.pack("<III", hit[0] - item.offset, hit[0] - start, hit[1] - hit[0])
+                    struct.pack(
+                        "<III",
+                        hit[0] - item.offset + item.row_start,
+                        hit[0] - start,
+                        hit[1] - hit[0],
+                    )
                 )
         parent = digest.digest()
         hashes.append(parent)

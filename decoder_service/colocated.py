@@ -55,7 +55,10 @@ class ColocatedEncoder:
         does not hold it (evicted, or never seen)."""
         lease = Lease(request_id, self.lease_seconds)
         wanted = RowRequest(
-            chunk_slice.content_hash, chunk_slice.row_start, chunk_slice.row_end, item.range.length
+            chunk_slice.content_hash,
+            chunk_slice.row_start,
+            chunk_slice.row_end,
+            item.range.num_item_rows,
         )
         encoded = False
         try:

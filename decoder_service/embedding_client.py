@@ -145,7 +145,7 @@ class EmbeddingClient:
     ) -> FetchedRows:
         if not self.fetch_whole:
             return await self._fetch_any(request_id, item, chunk_slice)
-        whole = replace(chunk_slice, row_start=0, row_end=item.range.length)
+        whole = replace(chunk_slice, row_start=0, row_end=item.range.num_item_rows)
         fetched = await self._fetch_any(request_id, item, whole)
         rows = fetched.rows[chunk_slice.row_start : chunk_slice.row_end]
         return FetchedRows(chunk_slice, rows, fetched.num_bytes, fetched.reencoded)
@@ -248,7 +248,7 @@ class EmbeddingClient:
                     start=chunk_slice.row_start,
                     end=chunk_slice.row_end,
                     # The encoder refuses an item of another length than the range.
-                    item_num_rows=item.range.length,
+                    item_num_rows=item.range.num_item_rows,
                 )
             ],
             lease_owner=request_id,

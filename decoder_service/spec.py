@@ -3,6 +3,8 @@ ValueError whose message says what to fix."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from decoder_service.grammar import grammar_spec_from_proto
 from decoder_service.kv_cache import KVCacheManager
 from decoder_service.request import DecodeSpec, MediaSource, SamplingOptions
@@ -79,9 +81,9 @@ def spec_from_proto(
             f"token id {too_large[0]} is outside the vocabulary (size {family.vocab_size})"
         )
     cache_salt = check_cache_salt(message.cache_salt)
-    items = [
-        _media_source(index, item, family, cache_salt) for index, item in enumerate(message.items)
-    ]
+    items = _share_data(
+        [_media_source(index, item, family, cache_salt) for index, item in enumerate(message.items)]
+    )
     validate_ranges([i.range for i in items], prompt, family.placeholder_token_ids)
     chunk = message.max_chunk_tokens
     return DecodeSpec(
@@ -115,6 +117,27 @@ def _media_source(
         )
     family.check_layout(placeholder)
     return MediaSource(placeholder, tuple(item.encoder_addresses), item.data, options, cache_salt)
+
+
+def _share_data(items: list[MediaSource]) -> list[MediaSource]:
+    """Items sent without bytes take those of the earlier item of their content hash
+    (one video's ranges, an image sent twice): the request carries each item's bytes once.
+    Raises ValueError for an item with no bytes of its own and no earlier namesake."""
+    first: dict[str, MediaSource] = {}
+    shared = []
+    for index, item in enumerate(items):
+        name = item.range.content_hash
+        if item.data:
+            first.setdefault(name, item)
+        elif name in first:
+            item = replace(item, data=first[name].data)
+        else:
+            raise ValueError(
+                f"item {index} has no data and no earlier item has its content hash {name}; "
+                "send the item's bytes with its first range"
+            )
+        shared.append(item)
+    return shared
 
 
 def check_fits(spec: DecodeSpec, kv: KVCacheManager, max_num_batched_tokens: int) -> None:

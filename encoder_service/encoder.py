@@ -133,7 +133,7 @@ class EncoderCore:
             self._encode_batch,
             max_batch_items,
             max_batch_wait_ms,
-            cost=lambda item: self.decoder.pixels(item.modality, item.data),
+            cost=self._batch_cost,
             max_batch_cost=max_batch_pixels,
         )
         self._in_flight: dict[str, asyncio.Task[tuple[RowBlock, Source]]] = {}
@@ -300,6 +300,13 @@ class EncoderCore:
         self.counters.num_redis_hits += 1
         return rows
 
+    def _batch_cost(self, item: EncodeItem) -> int:
+        """An image's pixels from its header; a video the whole budget: it runs in a
+        forward of its own (its frames' cost is known only once its container is read)."""
+        if item.modality == Modality.VIDEO:
+            return self.batcher.max_batch_cost or 1
+        return self.decoder.pixels(item.modality, item.data)
+
     def release(self, owner: str, content_hashes: Sequence[str] | None) -> int:
         return self.store.release(owner, content_hashes)
 
@@ -325,7 +332,7 @@ class EncoderCore:
         decoded = []
         for index, item in enumerate(items):
             try:
-                media = self.decoder.decode(item.modality, item.data)
+                media = self.decoder.decode(item.modality, item.data, item.options)
             except ValueError as error:
                 outcomes.append(InvalidItemError(str(error)))
                 continue

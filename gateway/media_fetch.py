@@ -1,4 +1,4 @@
-"""Turning an `image_url` or `audio_url` into bytes, safely.
+"""Turning an `image_url`, `audio_url` or `video_url` into bytes, safely.
 
 `data:` URLs are decoded in place. http(s) URLs are fetched only from hosts listed in
 `--allowed-media-domains`; every hop of a redirect is checked again; a host whose

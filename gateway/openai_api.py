@@ -155,13 +155,18 @@ def _part(param: str, part: Any) -> TextPart | _PendingMedia:
     if kind == "input_audio":
         return _PendingMedia(Modality.AUDIO, None, _input_audio(param, part), param)
     raise Rejected(
-        f"{param}.type {kind!r} is not supported; use text, image_url, input_audio or audio_url",
+        f"{param}.type {kind!r} is not supported; use text, image_url, video_url, "
+        "input_audio or audio_url",
         param=param,
     )
 
 
-# OpenAI's `image_url` and vLLM's `audio_url`: a data URL or an http(s) URL.
-_URL_PARTS = {"image_url": Modality.IMAGE, "audio_url": Modality.AUDIO}
+# OpenAI's `image_url` and vLLM's `audio_url` and `video_url`: a data URL or an http(s) URL.
+_URL_PARTS = {
+    "image_url": Modality.IMAGE,
+    "audio_url": Modality.AUDIO,
+    "video_url": Modality.VIDEO,
+}
 # What OpenAI's `input_audio.format` may say; the bytes are probed, so it only must be one
 # of the containers FFmpeg reads.
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "m4a", "aac", "webm")

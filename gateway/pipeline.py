@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -113,6 +114,11 @@ class DownstreamError(Exception):
         self.code = code
 
 
+# Videos decoded at once per gateway; more wait their turn (each is bounded by
+# --max-video-decode-seconds and its frames by --max-video-frames).
+MAX_CONCURRENT_VIDEO_DECODES = 2
+
+
 class GenerationPipeline:
     def __init__(
         self,
@@ -127,6 +133,11 @@ class GenerationPipeline:
         self.decoders = decoders
         self.channels = channels
         self.lease_ms = lease_ms
+        # Video decoding (PyAV releases the GIL): a few at a time, beside the compute
+        # thread, so one long video never holds up another request's prompt.
+        self.video_executor = ThreadPoolExecutor(
+            max_workers=MAX_CONCURRENT_VIDEO_DECODES, thread_name_prefix="video"
+        )
         # Told where each request's items were found, once its Encode calls answer
         # (whether or not the request still runs then): the encoder cache metrics.
         self.encoded_listeners: list[Callable[[ItemSources], None]] = []
@@ -154,6 +165,15 @@ class GenerationPipeline:
         if request.prompt_token_ids is not None:
             prompt = self.builder.from_token_ids(request.prompt_token_ids)
         else:
+            videos = None
+            if any(m.has_video for m in request.messages):
+                # Long work without torch: on threads of its own, not the compute thread.
+                videos = await asyncio.get_running_loop().run_in_executor(
+                    self.video_executor,
+                    self.builder.decode_videos,
+                    request.messages,
+                    request.processing_options,
+                )
             # The processor's torch ops, on the one thread that runs them (compute_thread).
             prompt = await compute_thread().run(
                 self.builder.build,
@@ -161,6 +181,7 @@ class GenerationPipeline:
                 request.processing_options,
                 request.cache_salt,
                 request.tools,
+                videos,
             )
         yield prompt
         encode_task = asyncio.create_task(self._encode_all(request, prompt.items))
@@ -253,18 +274,25 @@ class GenerationPipeline:
     def _decode_request(
         self, request: GenerationRequest, prompt: Prompt
     ) -> decoder_pb2.DecodeRequest:
+        # Each item's bytes go once: the decoder gives later ranges of the same content
+        # hash (one video's frames, an image sent twice) the first one's.
+        sent: set[str] = set()
+        sources = []
+        for item in prompt.items:
+            name = item.range.content_hash
+            sources.append(
+                decoder_pb2.MediaSource(
+                    range=range_to_proto(item.range),
+                    encoder_addresses=encoder_order(name, self.encoders),
+                    data=b"" if name in sent else item.data,
+                    processing_options=item.options.as_dict(),
+                )
+            )
+            sent.add(name)
         return decoder_pb2.DecodeRequest(
             request_id=request.request_id,
             prompt_token_ids=prompt.token_ids,
-            items=[
-                decoder_pb2.MediaSource(
-                    range=range_to_proto(item.range),
-                    encoder_addresses=encoder_order(item.range.content_hash, self.encoders),
-                    data=item.data,
-                    processing_options=item.options.as_dict(),
-                )
-                for item in prompt.items
-            ],
+            items=sources,
             sampling=request.sampling,
             max_chunk_tokens=request.max_chunk_tokens,
             cache_salt=request.cache_salt,

@@ -30,8 +30,11 @@ from tessera.media import ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality, PlaceholderRange
 from tessera.startup_flags import MediaCountLimits
+from tessera.video import DecodedVideo
 
 ROLES = ("system", "user", "assistant", "tool")
+# A request's decoded videos, by their bytes.
+DecodedVideos = dict[bytes, DecodedVideo]
 T = TypeVar("T")
 
 
@@ -58,6 +61,10 @@ class ChatInput:
     tool_calls: Sequence[dict] = ()
     # A tool turn's answer to the call of this id.
     tool_call_id: str = ""
+
+    @property
+    def has_video(self) -> bool:
+        return any(isinstance(p, MediaPart) and p.modality == Modality.VIDEO for p in self.parts)
 
 
 @dataclass(frozen=True)
@@ -102,18 +109,16 @@ class PromptBuilder:
         processing_options: Mapping[str, int] | None = None,
         cache_salt: str = "",
         tools: Sequence[dict] = (),
+        videos: DecodedVideos | None = None,
     ) -> Prompt:
         """CPU-heavy (decoding and hashing images): call it off the event loop.
         `processing_options` overlay the server's defaults for this request's items;
         `cache_salt` salts their content hashes (tessera.hashing.salted_hash); `tools`
-        (OpenAI's shape) go to the chat template."""
+        (OpenAI's shape) go to the chat template; `videos`: what `decode_videos`
+        returned for these messages (else videos are decoded here)."""
         media = self._check_messages(messages)
-        requested = {**self.default_processing_options, **(processing_options or {})}
-        try:
-            options = self.family.processing_options(requested, len(media))
-        except ValueError as error:
-            raise PromptError(f"mm_processor_kwargs: {error}") from None
-        prepared = self._prepare_all(media, options, cache_salt)
+        options = self._request_options(processing_options, len(media))
+        prepared = self._prepare_all(media, options, cache_salt, videos or {})
         template_messages = [_template_message(m) for m in messages]
         if self.family.renders_token_ids:
             if tools:
@@ -123,6 +128,33 @@ class PromptBuilder:
             return self._placed(token_ids, prepared)
         rendered = _rendered(self.family.render_prompt, template_messages, list(tools) or None)
         return self._expand(rendered, prepared)
+
+    def decode_videos(
+        self, messages: Sequence[ChatInput], processing_options: Mapping[str, int] | None = None
+    ) -> DecodedVideos:
+        """The messages' videos decoded and sampled, for `build`: videos take long to
+        decode, so the gateway decodes them on threads of their own, where they hold up
+        no other request's prompt. Raises PromptError naming the video and what to fix."""
+        media = self._check_messages(messages)
+        options = self._request_options(processing_options, len(media))
+        videos: DecodedVideos = {}
+        for index, part in enumerate(media):
+            if part.modality == Modality.VIDEO and part.data not in videos:
+                try:
+                    item_options = self._item_options(options, part.modality)
+                    videos[part.data] = self.decoder.decode(part.modality, part.data, item_options)
+                except ValueError as error:
+                    raise PromptError(f"video {index}: {error}") from None
+        return videos
+
+    def _request_options(
+        self, processing_options: Mapping[str, int] | None, num_items: int
+    ) -> ProcessingOptions:
+        requested = {**self.default_processing_options, **(processing_options or {})}
+        try:
+            return self.family.processing_options(requested, num_items)
+        except ValueError as error:
+            raise PromptError(f"mm_processor_kwargs: {error}") from None
 
     def from_token_ids(self, token_ids: Sequence[int]) -> Prompt:
         """A prompt given as token ids (/v1/completions): no template and no media, so a
@@ -190,7 +222,11 @@ class PromptBuilder:
             )
 
     def _prepare_all(
-        self, media: Sequence[MediaPart], options: ProcessingOptions, cache_salt: str
+        self,
+        media: Sequence[MediaPart],
+        options: ProcessingOptions,
+        cache_salt: str,
+        videos: DecodedVideos,
     ) -> list[_PreparedItem]:
         """Each part decoded and hashed once per request: an item sent again in the same
         request (the same picture twice, in one message or in two turns) reuses the
@@ -202,21 +238,39 @@ class PromptBuilder:
             same_size = seen.setdefault((part.modality, len(part.data)), [])
             item = next((i for i in same_size if i.data == part.data), None)
             if item is None:
-                item = self._prepare(index, part, options, cache_salt)
+                item = self._prepare(index, part, options, cache_salt, videos.get(part.data))
                 same_size.append(item)
             prepared.append(item)
         return prepared
 
     def _prepare(
-        self, index: int, part: MediaPart, options: ProcessingOptions, cache_salt: str
+        self,
+        index: int,
+        part: MediaPart,
+        options: ProcessingOptions,
+        cache_salt: str,
+        decoded: DecodedVideo | None,
     ) -> _PreparedItem:
         try:
-            media = self.decoder.decode(part.modality, part.data)
+            options = self._item_options(options, part.modality)
+            media = decoded or self.decoder.decode(part.modality, part.data, options)
             placement = self.family.item_placement(MediaInput(media, options))
         except ValueError as error:
             raise PromptError(f"{part.modality.value} {index}: {error}") from None
         content_hash = salted_hash(media.content_hash(self.family.fingerprint, options), cache_salt)
         return _PreparedItem(part.modality, part.data, content_hash, placement, options)
+
+    def _item_options(self, options: ProcessingOptions, modality: Modality) -> ProcessingOptions:
+        """The request's options an item of `modality` is processed and hashed with. A
+        video's carry the frame limit it was sampled under, so every encoder samples the
+        same frames whatever its own --max-video-frames."""
+        item_options = self.family.item_options(options, modality)
+        if modality == Modality.VIDEO and item_options.get("max_frames") is None:
+            max_frames = self.decoder.limits.video.max_frames
+            item_options = ProcessingOptions.of(
+                {**item_options.as_dict(), "max_frames": max_frames}
+            )
+        return item_options
 
     def _expand(self, text: str, prepared: list[_PreparedItem]) -> Prompt:
         expanded, in_prompt_order = self._replace_markers(text, prepared)
@@ -249,10 +303,10 @@ class PromptBuilder:
             if not queue:
                 raise self._count_error(text, pattern, prepared)
             item = queue.popleft()
-            pieces += [
-                text[previous : match.start()],
-                self.family.placeholder_text(item.modality, item.placement.num_rows),
-            ]
+            placeholder = item.placement.placeholder_text or self.family.placeholder_text(
+                item.modality, item.placement.num_rows
+            )
+            pieces += [text[previous : match.start()], placeholder]
             in_prompt_order.append(item)
             previous = match.end()
         if any(queues.values()):
@@ -271,26 +325,33 @@ class PromptBuilder:
     def _locate(
         self, token_ids: list[int], in_prompt_order: list[_PreparedItem]
     ) -> list[PromptItem]:
-        """Each item's range: its run of placeholder tokens, in prompt order."""
+        """Each item's ranges: its runs of placeholder tokens, in prompt order (one run,
+        or one per frame where the processor writes text between them)."""
         placeholder_ids = self.family.placeholder_token_ids
         items: list[PromptItem] = []
         cursor = 0
         for item in in_prompt_order:
-            token, num_rows = placeholder_ids[item.modality], item.placement.num_rows
-            try:
-                offset = token_ids.index(token, cursor)
-            except ValueError:
-                offset = -1
-            if offset < 0 or token_ids[offset : offset + num_rows] != [token] * num_rows:
-                raise PromptError(
-                    "the prompt's placeholder tokens do not match its media items; do not "
-                    "write placeholder tokens in text"
+            token, num_rows = placeholder_ids[item.modality], item.placement.rows_per_range
+            for index in range(item.placement.num_ranges):
+                try:
+                    offset = token_ids.index(token, cursor)
+                except ValueError:
+                    offset = -1
+                if offset < 0 or token_ids[offset : offset + num_rows] != [token] * num_rows:
+                    raise PromptError(
+                        "the prompt's placeholder tokens do not match its media items; do "
+                        "not write placeholder tokens in text"
+                    )
+                placeholder = PlaceholderRange(
+                    item.modality,
+                    item.content_hash,
+                    offset,
+                    num_rows,
+                    item.placement.layout,
+                    row_start=index * num_rows,
                 )
-            placeholder = PlaceholderRange(
-                item.modality, item.content_hash, offset, num_rows, item.placement.layout
-            )
-            items.append(PromptItem(placeholder, item.data, item.options))
-            cursor = offset + num_rows
+                items.append(PromptItem(placeholder, item.data, item.options))
+                cursor = offset + num_rows
         num_placeholders = sum(token_ids.count(t) for t in set(placeholder_ids.values()))
         if num_placeholders != sum(item.range.length for item in items):
             raise PromptError(

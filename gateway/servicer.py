@@ -95,9 +95,11 @@ def message_from_proto(index: int, message: gateway_pb2.ChatMessage) -> ChatInpu
             parts.append(MediaPart(Modality.IMAGE, part.image))
         elif kind == "audio":
             parts.append(MediaPart(Modality.AUDIO, part.audio))
+        elif kind == "video":
+            parts.append(MediaPart(Modality.VIDEO, part.video))
         else:
             raise PromptError(
-                f"message {index} part {part_index} is empty; set text, image or audio"
+                f"message {index} part {part_index} is empty; set text, image, audio or video"
             )
     return ChatInput(message.role, parts)
 

@@ -97,11 +97,12 @@ def replica_count(value: str) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from tessera.client import Audio, Client, Message, SamplingParams, TesseraError
+    from tessera.client import Audio, Client, Message, SamplingParams, TesseraError, Video
 
     try:
-        parts: list[str | bytes | Audio] = [Path(p).read_bytes() for p in args.image]
+        parts: list[str | bytes | Audio | Video] = [Path(p).read_bytes() for p in args.image]
         parts += [Audio(Path(p).read_bytes()) for p in args.audio]
+        parts += [Video(Path(p).read_bytes()) for p in args.video]
     except OSError as error:
         raise SystemExit(f"tessera generate: cannot read media: {error}") from None
     parts.append(args.prompt)
@@ -252,6 +253,14 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="audio file: WAV, FLAC, OGG, MP3, ... (repeatable; after the images)",
+    )
+    generate.add_argument(
+        "--video",
+        action="append",
+        default=[],
+        help="video file: MP4, WebM, MKV, MOV (repeatable; after the audio); frames are "
+        "sampled at 2 per second unless --mm-processor-kwargs says '{\"fps\": 1}' or "
+        "'{\"num_frames\": 16}'",
     )
     generate.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
     generate.add_argument(

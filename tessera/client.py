@@ -84,6 +84,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Usage",
+    "Video",
     "build_request",
 ]
 
@@ -99,21 +100,31 @@ class Audio:
 
 
 @dataclass(frozen=True)
+class Video:
+    """A message part holding an encoded video file (MP4, WebM, Matroska, QuickTime)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
 class Message:
-    """A chat message: `parts` are strings (text), bytes (an encoded image) or Audio."""
+    """A chat message: `parts` are strings (text), bytes (an encoded image), Audio or
+    Video."""
 
     role: str
-    parts: Sequence[str | bytes | Audio]
+    parts: Sequence[str | bytes | Audio | Video]
 
     def to_proto(self) -> gateway_pb2.ChatMessage:
         return gateway_pb2.ChatMessage(role=self.role, content=[_part(p) for p in self.parts])
 
 
-def _part(part: str | bytes | Audio) -> gateway_pb2.ContentPart:
+def _part(part: str | bytes | Audio | Video) -> gateway_pb2.ContentPart:
     if isinstance(part, str):
         return gateway_pb2.ContentPart(text=part)
     if isinstance(part, Audio):
         return gateway_pb2.ContentPart(audio=part.data)
+    if isinstance(part, Video):
+        return gateway_pb2.ContentPart(video=part.data)
     return gateway_pb2.ContentPart(image=part)
 
 

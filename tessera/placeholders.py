@@ -28,6 +28,7 @@ from enum import Enum
 class Modality(str, Enum):
     IMAGE = "image"
     AUDIO = "audio"
+    VIDEO = "video"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class ItemLayout:
     grid_thw: tuple[int, ...] = ()
     spatial_merge_size: int = 1
     num_planes: int = 1
+    # Qwen2.5-VL videos: seconds of video per temporal grid step (the processor's
+    # `second_per_grid_ts`), which spaces the rows' temporal positions; 0: no spacing.
+    second_per_grid_t: float = 0.0
 
     @property
     def merged_grid(self) -> tuple[int, int, int]:
@@ -64,23 +68,37 @@ class ItemLayout:
 
 @dataclass(frozen=True)
 class PlaceholderRange:
-    """An item's placeholder positions `[offset, offset + length)` in a prompt."""
+    """An item's placeholder positions `[offset, offset + length)` in a prompt, holding
+    the item's rows `[row_start, row_start + length)`.
+
+    Most items are one range (`row_start` 0, all rows). An item whose processor puts text
+    between its rows is several ranges of one content hash: a Qwen3-VL video writes a
+    timestamp before each frame's rows, so a video of 3 frames of 4 rows is the ranges
+    (row_start 0, length 4), (4, 4) and (8, 4), each after its timestamp's tokens.
+    """
 
     modality: Modality
     content_hash: str
     offset: int
     length: int
     layout: ItemLayout = ItemLayout()
+    row_start: int = 0
 
     @property
     def end(self) -> int:
         return self.offset + self.length
 
+    @property
+    def num_item_rows(self) -> int:
+        """Rows of the whole item (not only this range's): its grid's, when it has one."""
+        return self.layout.num_grid_rows if self.layout.grid_thw else self.row_start + self.length
+
 
 @dataclass(frozen=True)
 class ChunkSlice:
     """Rows `[row_start, row_end)` of item `item_index`, placed at positions
-    `[row_start + offset, row_end + offset)` of the prompt."""
+    `[row_start + offset, row_end + offset)` of the prompt (`offset`: where the item's
+    row 0 would sit, its range's offset minus its row_start)."""
 
     item_index: int
     content_hash: str
@@ -117,9 +135,9 @@ def slices_for_chunk(ranges: Sequence[PlaceholderRange], start: int, end: int) -
                 ChunkSlice(
                     item_index=index,
                     content_hash=item.content_hash,
-                    offset=item.offset,
-                    row_start=hit[0] - item.offset,
-                    row_end=hit[1] - item.offset,
+                    offset=item.offset - item.row_start,
+                    row_start=hit[0] - item.offset + item.row_start,
+                    row_end=hit[1] - item.offset + item.row_start,
                 )
             )
     return slices

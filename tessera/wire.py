@@ -10,8 +10,12 @@ from tessera.v1 import common_pb2
 _MODALITY_TO_PROTO = {
     Modality.IMAGE: common_pb2.MODALITY_IMAGE,
     Modality.AUDIO: common_pb2.MODALITY_AUDIO,
+    Modality.VIDEO: common_pb2.MODALITY_VIDEO,
 }
 _MODALITY_FROM_PROTO = {value: key for key, value in _MODALITY_TO_PROTO.items()}
+# Seconds of video per temporal grid step: a frame every hour at temporal patch 2 is
+# 7200; anything above (or NaN) is not a layout any processor makes.
+MAX_SECOND_PER_GRID_T = 7200.0
 
 
 def modality_to_proto(modality: Modality) -> int:
@@ -23,7 +27,7 @@ def modality_from_proto(value: int) -> Modality:
     try:
         return _MODALITY_FROM_PROTO[value]
     except KeyError:
-        raise ValueError(f"modality must be IMAGE or AUDIO, got {value}") from None
+        raise ValueError(f"modality must be IMAGE, AUDIO or VIDEO, got {value}") from None
 
 
 def layout_to_proto(layout: ItemLayout) -> common_pb2.ItemLayout:
@@ -31,15 +35,22 @@ def layout_to_proto(layout: ItemLayout) -> common_pb2.ItemLayout:
         grid_thw=list(layout.grid_thw),
         spatial_merge_size=layout.spatial_merge_size,
         num_planes=layout.num_planes,
+        second_per_grid_t=layout.second_per_grid_t,
     )
 
 
 def layout_from_proto(message: common_pb2.ItemLayout) -> ItemLayout:
-    """Raises ValueError for a grid that is not (t, h, w) of positive sizes."""
+    """Raises ValueError for a grid that is not (t, h, w) of positive sizes, or a
+    temporal spacing that is not a finite number >= 0."""
     grid = tuple(message.grid_thw)
     if grid and (len(grid) != 3 or min(grid) < 1):
         raise ValueError(f"layout grid_thw must be 3 positive sizes (t, h, w), got {list(grid)}")
-    return ItemLayout(grid, message.spatial_merge_size or 1, message.num_planes or 1)
+    spacing = message.second_per_grid_t
+    if not 0 <= spacing <= MAX_SECOND_PER_GRID_T:
+        raise ValueError(
+            f"layout second_per_grid_t must be in [0, {MAX_SECOND_PER_GRID_T}], got {spacing}"
+        )
+    return ItemLayout(grid, message.spatial_merge_size or 1, message.num_planes or 1, spacing)
 
 
 def range_to_proto(item: PlaceholderRange) -> common_pb2.PlaceholderRange:
@@ -49,6 +60,7 @@ def range_to_proto(item: PlaceholderRange) -> common_pb2.PlaceholderRange:
         offset=item.offset,
         length=item.length,
         layout=layout_to_proto(item.layout),
+        row_start=item.row_start,
     )
 
 
@@ -59,6 +71,7 @@ def range_from_proto(message: common_pb2.PlaceholderRange) -> PlaceholderRange:
         offset=message.offset,
         length=message.length,
         layout=layout_from_proto(message.layout),
+        row_start=message.row_start,
     )
 
 

@@ -68,7 +68,7 @@ def logprob_schemas() -> dict[str, Schema]:
 
 
 def _media_url_part(kind: str, description: str) -> Schema:
-    """`image_url` / `audio_url`: the URL alone, or OpenAI's `{"url": ...}` object."""
+    """`image_url` / `audio_url` / `video_url`: the URL alone, or OpenAI's `{"url": ...}` object."""
     url = {"type": "string", "minLength": 1}
     return {
         "type": "object",
@@ -101,6 +101,11 @@ def _content_parts() -> dict[str, Schema]:
         "AudioURLPart": _media_url_part(
             "audio_url", "vLLM's audio part: a data URL or an allowed http(s) URL."
         ),
+        "VideoURLPart": _media_url_part(
+            "video_url",
+            "vLLM's video part (MP4, WebM, Matroska, QuickTime): a data URL "
+            "(data:video/mp4;base64,...) or an allowed http(s) URL.",
+        ),
         "InputAudioPart": {
             "type": "object",
             "description": "OpenAI's audio part: the clip's bytes in base64.",
@@ -132,7 +137,7 @@ def _content_parts() -> dict[str, Schema]:
 
 
 def _message() -> Schema:
-    part_names = ["TextPart", "ImageURLPart", "InputAudioPart", "AudioURLPart"]
+    part_names = ["TextPart", "ImageURLPart", "InputAudioPart", "AudioURLPart", "VideoURLPart"]
     return {
         "type": "object",
         "description": "Fields other than these are accepted and ignored.",

@@ -28,6 +28,7 @@ import torch
 from tessera.audio import DecodedAudio
 from tessera.media import DecodedImage, ProcessingOptions
 from tessera.placeholders import ItemLayout, Modality, PlaceholderRange
+from tessera.video import DecodedVideo, FrameSampler
 
 
 class ModelPart(Flag):
@@ -79,15 +80,23 @@ class AttentionRules:
 
 @dataclass(frozen=True)
 class MediaInput:
-    """A decoded item (an image, or a clip of audio) and the processing options it is
-    encoded with."""
+    """A decoded item (an image, a clip of audio, a video's sampled frames) and the
+    processing options it is encoded with."""
 
-    media: DecodedImage | DecodedAudio
+    media: DecodedImage | DecodedAudio | DecodedVideo
     options: ProcessingOptions = field(default_factory=ProcessingOptions)
 
     @property
     def modality(self) -> Modality:
-        return Modality.AUDIO if isinstance(self.media, DecodedAudio) else Modality.IMAGE
+        if isinstance(self.media, DecodedAudio):
+            return Modality.AUDIO
+        return Modality.VIDEO if isinstance(self.media, DecodedVideo) else Modality.IMAGE
+
+    @property
+    def video(self) -> DecodedVideo:
+        if not isinstance(self.media, DecodedVideo):
+            raise TypeError(f"this item is {self.modality.value}, not a video")
+        return self.media
 
     @property
     def image(self) -> DecodedImage:
@@ -104,10 +113,21 @@ class MediaInput:
 
 @dataclass(frozen=True)
 class ItemPlacement:
-    """How many placeholder rows an item takes in the prompt, and how they are laid out."""
+    """How many placeholder rows an item takes in the prompt, and how they are laid out.
+
+    `num_ranges` > 1: the processor writes text between the rows, which then sit in that
+    many runs of `num_rows / num_ranges` (a Qwen3-VL video: one run per frame, after its
+    timestamp); `placeholder_text` is then what replaces the item's marker (empty: the
+    family's `placeholder_text`)."""
 
     num_rows: int
     layout: ItemLayout = field(default_factory=ItemLayout)
+    num_ranges: int = 1
+    placeholder_text: str = ""
+
+    @property
+    def rows_per_range(self) -> int:
+        return self.num_rows // self.num_ranges
 
 
 @dataclass(frozen=True)
@@ -195,6 +215,17 @@ class ModelFamily(Protocol):
 
     def check_options(self, options: ProcessingOptions) -> None:
         """Raises ValueError unless `options` (as received on the wire) are valid."""
+        ...
+
+    def item_options(self, options: ProcessingOptions, modality: Modality) -> ProcessingOptions:
+        """The part of a prompt's `options` that items of `modality` are processed with
+        (and hashed with): image settings do not split a video's cache entries, nor
+        video settings an image's; plus what the family derives for the modality."""
+        ...
+
+    def video_sampler(self, options: ProcessingOptions, max_frames: int) -> FrameSampler:
+        """Which frames of a video the family keeps under `options`, its processor's
+        way, never more than `max_frames`. Raises ValueError naming what to fix."""
         ...
 
     def item_placement(self, item: MediaInput) -> ItemPlacement:

@@ -28,6 +28,7 @@ from tessera.adapters.base import (
 from tessera.hashing import model_fingerprint
 from tessera.media import ProcessingOptions
 from tessera.placeholders import Modality, PlaceholderRange
+from tessera.video import FrameSampler
 
 
 class HFFamily:
@@ -148,6 +149,12 @@ class HFFamily:
             low, high = self.option_limits[name]
             if not low <= value <= high:
                 raise ValueError(f"processing option {name} = {value} is outside [{low}, {high}]")
+
+    def item_options(self, options: ProcessingOptions, modality: Modality) -> ProcessingOptions:
+        return options
+
+    def video_sampler(self, options: ProcessingOptions, max_frames: int) -> FrameSampler:
+        raise ValueError(f"{self.name} takes no video input")
 
     def item_placement(self, item: MediaInput) -> ItemPlacement:
         raise NotImplementedError

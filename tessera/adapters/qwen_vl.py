@@ -24,8 +24,15 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 from tessera.adapters.base import ItemPlacement, LoadOptions, MediaInput, PackedMedia
 from tessera.adapters.hf_family import HFFamily
 from tessera.adapters.mrope import check_grid_layout, mrope_positions
+from tessera.adapters.qwen_video import (
+    IMAGE_OPTIONS,
+    MAX_FPS,
+    MAX_FRAMES_LIMIT,
+    QwenVideo,
+)
 from tessera.media import ProcessingOptions
-from tessera.placeholders import ItemLayout, PlaceholderRange
+from tessera.placeholders import ItemLayout, Modality, PlaceholderRange
+from tessera.video import FrameSampler
 
 # Far above any real setting (Qwen's default max is 12.8 M px): a bound on what a caller
 # may ask an encoder to resize an image to.
@@ -39,8 +46,16 @@ class QwenVLFamily(HFFamily):
     architectures = ("Qwen2VLForConditionalGeneration",)
     media_modules = ("visual",)
     option_limits = MappingProxyType(
-        {"min_pixels": (1, MAX_PIXELS_LIMIT), "max_pixels": (1, MAX_PIXELS_LIMIT)}
+        {
+            "min_pixels": (1, MAX_PIXELS_LIMIT),
+            "max_pixels": (1, MAX_PIXELS_LIMIT),
+            "fps": (1, MAX_FPS),
+            "num_frames": (1, MAX_FRAMES_LIMIT),
+            "max_frames": (1, MAX_FRAMES_LIMIT),
+        }
     )
+    # Qwen3-VL: a video is one range per temporal step, each after its timestamp.
+    video_range_per_frame = False
 
     def __init__(self, model_dir: Path, options: LoadOptions, fingerprint: str | None = None):
         super().__init__(model_dir, options, fingerprint)
@@ -57,6 +72,25 @@ class QwenVLFamily(HFFamily):
                 f"{model_dir}: the processor merges {self._merge_size} patches per side, "
                 f"the model {model_merge}"
             )
+        self._video = QwenVideo(
+            self._processor, self._config, self.num_planes, self.video_range_per_frame
+        )
+
+    def _placeholder_token_ids(self) -> dict[Modality, int]:
+        return {
+            Modality.IMAGE: int(self._config.image_token_id),
+            Modality.VIDEO: int(self._config.video_token_id),
+        }
+
+    def media_marker(self, modality: Modality) -> str:
+        if modality == Modality.VIDEO:
+            return self._processor.video_token
+        return self._processor.image_token
+
+    def placeholder_text(self, modality: Modality, num_rows: int) -> str:
+        if modality == Modality.VIDEO:
+            return self._processor.video_token * num_rows
+        return self._processor.image_token * num_rows
 
     # -- processor side -------------------------------------------------------------
 
@@ -69,6 +103,14 @@ class QwenVLFamily(HFFamily):
         super().check_options(options)
         self._pixel_limits(options)
 
+    def item_options(self, options: ProcessingOptions, modality: Modality) -> ProcessingOptions:
+        if modality == Modality.VIDEO:
+            return self._video.item_options(options)
+        return ProcessingOptions.of({k: v for k, v in options.values if k in IMAGE_OPTIONS})
+
+    def video_sampler(self, options: ProcessingOptions, max_frames: int) -> FrameSampler:
+        return self._video.sampler(options, max_frames)
+
     def _pixel_limits(self, options: ProcessingOptions) -> tuple[int, int]:
         min_pixels = options.get("min_pixels", self._default_pixels[0])
         max_pixels = options.get("max_pixels", self._default_pixels[1])
@@ -77,6 +119,15 @@ class QwenVLFamily(HFFamily):
         return min_pixels, max_pixels
 
     def item_placement(self, item: MediaInput) -> ItemPlacement:
+        if item.modality == Modality.VIDEO:
+            video = item.video
+            layout = self._video.layout(video)
+            return ItemPlacement(
+                layout.num_grid_rows,
+                layout,
+                num_ranges=self._video.num_ranges(layout),
+                placeholder_text=self._video.placeholder_text(video, layout),
+            )
         min_pixels, max_pixels = self._pixel_limits(item.options)
         height, width = smart_resize(
             item.image.height,
@@ -93,6 +144,8 @@ class QwenVLFamily(HFFamily):
 
     @torch.inference_mode()
     def encode(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
+        if items and items[0].modality == Modality.VIDEO:
+            return self._encode_videos(items)
         model = self._media_model()
         pixel_values, grids = [], []
         # Options differ per item; the processor takes one setting per call, the vision
@@ -112,18 +165,36 @@ class QwenVLFamily(HFFamily):
         )
         return [rows.to(self.dtype) for rows in self._rows_with_planes(features)]
 
+    def _encode_videos(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
+        model = self._media_model()
+        pixel_values, grids = self._video.pixel_values([item.video for item in items])
+        features = model.get_video_features(
+            pixel_values_videos=pixel_values.to(self.device, self.dtype),
+            video_grid_thw=grids.to(self.device),
+        )
+        return [rows.to(self.dtype) for rows in self._rows_with_planes(features)]
+
     def _rows_with_planes(self, features: Any) -> Sequence[torch.Tensor]:
         return features.pooler_output
 
     # -- language model side ----------------------------------------------------------
 
     def check_layout(self, item: PlaceholderRange) -> None:
-        check_grid_layout(item, self._merge_size, self.num_planes)
+        check_grid_layout(item, self._merge_size, self.num_planes, self._ranges_per_frame(item))
+        if item.layout.second_per_grid_t and self._video.tokens_per_second is None:
+            raise ValueError(
+                f"item at offset {item.offset}: {self.name} does not space video positions "
+                "by time; its layout has second_per_grid_t 0"
+            )
+
+    def _ranges_per_frame(self, item: PlaceholderRange) -> bool:
+        return self.video_range_per_frame and item.modality == Modality.VIDEO
 
     def positions(
         self, num_prompt_tokens: int, ranges: Sequence[PlaceholderRange], start: int, end: int
     ) -> torch.Tensor:
-        return mrope_positions(ranges, start, end, self.device).unsqueeze(1)
+        tokens_per_second = self._video.tokens_per_second or 1
+        return mrope_positions(ranges, start, end, tokens_per_second, self.device).unsqueeze(1)
 
 
 class Qwen2_5_VLFamily(QwenVLFamily):
@@ -134,11 +205,13 @@ class Qwen2_5_VLFamily(QwenVLFamily):
 class Qwen3VLFamily(QwenVLFamily):
     name = "qwen3-vl"
     architectures = ("Qwen3VLForConditionalGeneration",)
+    video_range_per_frame = True
 
     def __init__(self, model_dir: Path, options: LoadOptions, fingerprint: str | None = None):
         super().__init__(model_dir, options, fingerprint)
         levels = self._config.vision_config.deepstack_visual_indexes
         self.num_planes = 1 + len(levels)
+        self._video = QwenVideo(self._processor, self._config, self.num_planes, qwen3=True)
 
     def _rows_with_planes(self, features: Any) -> Sequence[torch.Tensor]:
         levels = features.deepstack_features  # per level: one tensor per image

@@ -14,17 +14,23 @@ import transformers
 from PIL import Image
 from transformers import AutoConfig, AutoProcessor, BatchFeature
 
-from tessera.client import Audio
+from tessera.client import Audio, Video
 from tessera.testbed.devices import RunOn
 from tessera.testbed.media import noise_image  # noqa: F401  (tests import it from here)
 
-# A test prompt: (role, parts), each part text, an encoded image (bytes) or Audio.
-Messages = list[tuple[str, list[str | bytes | Audio]]]
+# A test prompt: (role, parts), each part text, an encoded image (bytes), Audio or Video.
+Part = str | bytes | Audio | Video
+Messages = list[tuple[str, list[Part]]]
+# Frames per second a video is sampled at unless a test says otherwise (the gateway's
+# default for Qwen-VL).
+REFERENCE_VIDEO_FPS = 2
 
 
-def _template_part(part: str | bytes | Audio) -> dict:
+def _template_part(part: Part) -> dict:
     if isinstance(part, str):
         return {"type": "text", "text": part}
+    if isinstance(part, Video):
+        return {"type": "video"}
     return {"type": "audio" if isinstance(part, Audio) else "image"}
 
 
@@ -39,11 +45,13 @@ def to_chat_inputs(messages: Messages) -> list:
     from gateway.prompt import ChatInput, MediaPart, TextPart
     from tessera.placeholders import Modality
 
-    def part(p: str | bytes | Audio) -> TextPart | MediaPart:
+    def part(p: Part) -> TextPart | MediaPart:
         if isinstance(p, str):
             return TextPart(p)
         if isinstance(p, Audio):
             return MediaPart(Modality.AUDIO, p.data)
+        if isinstance(p, Video):
+            return MediaPart(Modality.VIDEO, p.data)
         return MediaPart(Modality.IMAGE, p)
 
     return [ChatInput(role, [part(p) for p in parts]) for role, parts in messages]
@@ -60,6 +68,36 @@ def reference_audio(data: bytes, sampling_rate: int) -> np.ndarray:
     if rate == sampling_rate:
         return mono
     return soxr.resample(mono, rate, sampling_rate, quality="HQ").astype(np.float32)
+
+
+def reference_video(
+    data: bytes, video_processor: object, fps: int | None = None, num_frames: int | None = None
+) -> tuple[np.ndarray, object]:
+    """A video as the reference feeds it: every frame decoded by a plain PyAV loop (not
+    the gateway's tessera.video), the frames the video processor's own `sample_frames`
+    picks, and their metadata. Returns (frames [n, h, w, 3] uint8, VideoMetadata)."""
+    import av
+    from transformers.video_utils import VideoMetadata
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        rate = float(stream.average_rate)
+        frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(stream)])
+    metadata = VideoMetadata(
+        total_num_frames=len(frames),
+        fps=rate,
+        width=frames.shape[2],
+        height=frames.shape[1],
+        duration=len(frames) / rate,
+        video_backend="pyav",
+    )
+    if num_frames is None:
+        fps = fps or REFERENCE_VIDEO_FPS
+    indices = [
+        int(i) for i in video_processor.sample_frames(metadata, num_frames=num_frames, fps=fps)
+    ]
+    metadata.frames_indices = indices
+    return frames[indices], metadata
 
 
 @dataclass
@@ -84,7 +122,7 @@ class Reference:
         self.model = model.to(run_on.device).eval()
         config = self.model.config
         self.hidden_size = config.get_text_config().hidden_size
-        # The placeholder token of the family's media (images or audio).
+        # The placeholder token of the family's media (images or audio; videos have their own).
         self.placeholder_token_id = getattr(config, "image_token_id", None) or getattr(
             config, "audio_token_id", None
         )
@@ -127,6 +165,21 @@ class Reference:
             if isinstance(p, bytes)
         ]
         clips = [p for _, parts in messages for p in parts if isinstance(p, Audio)]
+        videos = [p for _, parts in messages for p in parts if isinstance(p, Video)]
+        if videos:
+            sampling = {
+                k: processor_kwargs.pop(k) for k in ("fps", "num_frames") if k in processor_kwargs
+            }
+            loaded = [
+                reference_video(v.data, self.processor.video_processor, **sampling) for v in videos
+            ]
+            processor_kwargs = {
+                "videos": [frames for frames, _ in loaded],
+                "video_metadata": [metadata for _, metadata in loaded],
+                "do_sample_frames": False,
+                "cap_pixels_per_frame": False,
+                **processor_kwargs,
+            }
         if clips:
             rate = self.processor.feature_extractor.sampling_rate
             processor_kwargs = {

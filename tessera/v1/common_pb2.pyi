@@ -12,6 +12,7 @@ class Modality(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODALITY_UNSPECIFIED: _ClassVar[Modality]
     MODALITY_IMAGE: _ClassVar[Modality]
     MODALITY_AUDIO: _ClassVar[Modality]
+    MODALITY_VIDEO: _ClassVar[Modality]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,6 +22,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 MODALITY_UNSPECIFIED: Modality
 MODALITY_IMAGE: Modality
 MODALITY_AUDIO: Modality
+MODALITY_VIDEO: Modality
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -47,28 +49,32 @@ class MediaItem(_message.Message):
     def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., data: _Optional[bytes] = ..., content_hash: _Optional[str] = ..., processing_options: _Optional[_Mapping[str, int]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class ItemLayout(_message.Message):
-    __slots__ = ("grid_thw", "spatial_merge_size", "num_planes")
+    __slots__ = ("grid_thw", "spatial_merge_size", "num_planes", "second_per_grid_t")
     GRID_THW_FIELD_NUMBER: _ClassVar[int]
     SPATIAL_MERGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_PLANES_FIELD_NUMBER: _ClassVar[int]
+    SECOND_PER_GRID_T_FIELD_NUMBER: _ClassVar[int]
     grid_thw: _containers.RepeatedScalarFieldContainer[int]
     spatial_merge_size: int
     num_planes: int
-    def __init__(self, grid_thw: _Optional[_Iterable[int]] = ..., spatial_merge_size: _Optional[int] = ..., num_planes: _Optional[int] = ...) -> None: ...
+    second_per_grid_t: float
+    def __init__(self, grid_thw: _Optional[_Iterable[int]] = ..., spatial_merge_size: _Optional[int] = ..., num_planes: _Optional[int] = ..., second_per_grid_t: _Optional[float] = ...) -> None: ...
 
 class PlaceholderRange(_message.Message):
-    __slots__ = ("modality", "content_hash", "offset", "length", "layout")
+    __slots__ = ("modality", "content_hash", "offset", "length", "layout", "row_start")
     MODALITY_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    ROW_START_FIELD_NUMBER: _ClassVar[int]
     modality: Modality
     content_hash: str
     offset: int
     length: int
     layout: ItemLayout
-    def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., content_hash: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., layout: _Optional[_Union[ItemLayout, _Mapping]] = ...) -> None: ...
+    row_start: int
+    def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., content_hash: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., layout: _Optional[_Union[ItemLayout, _Mapping]] = ..., row_start: _Optional[int] = ...) -> None: ...
 
 class TensorBytes(_message.Message):
     __slots__ = ("dtype", "shape", "data")

@@ -26,7 +26,7 @@ from tessera.v1 import common_pb2 as tessera_dot_v1_dot_common__pb2
 from tessera.v1 import decoder_pb2 as tessera_dot_v1_dot_decoder__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tessera/v1/gateway.proto\x12\ntessera.v1\x1a\x17tessera/v1/common.proto\x1a\x18tessera/v1/decoder.proto\"G\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0f\n\x05image\x18\x02 \x01(\x0cH\x00\x12\x0f\n\x05\x61udio\x18\x03 \x01(\x0cH\x00\x42\x06\n\x04part\"E\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12(\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x17.tessera.v1.ContentPart\"\xd4\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.tessera.v1.ChatMessage\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.tessera.v1.SamplingParams\x12\x18\n\x10max_chunk_tokens\x18\x04 \x01(\r\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12O\n\x13mm_processor_kwargs\x18\x08 \x03(\x0b\x32\x32.tessera.v1.GenerateRequest.MmProcessorKwargsEntry\x1a\x38\n\x16MmProcessorKwargsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"Y\n\tTextDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12+\n\x08logprobs\x18\x03 \x03(\x0b\x32\x19.tessera.v1.TokenLogprobs\"\xbe\x01\n\x0cRequestStats\x12\x1e\n\x16time_to_first_token_ms\x18\x01 \x01(\x01\x12\x11\n\tnum_items\x18\x02 \x01(\r\x12\x1a\n\x12num_items_computed\x18\x03 \x01(\r\x12\x18\n\x10num_items_cached\x18\x04 \x01(\r\x12\x1b\n\x13num_embedding_bytes\x18\x05 \x01(\x04\x12(\n\x07\x64\x65\x63oder\x18\x06 \x01(\x0b\x32\x17.tessera.v1.DecodeStats\"\xbb\x01\n\x10GenerateFinished\x12/\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x18.tessera.v1.FinishReason\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.tessera.v1.Usage\x12\'\n\x05stats\x18\x03 \x01(\x0b\x32\x18.tessera.v1.RequestStats\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x11\n\ttoken_ids\x18\x05 \x03(\r\"u\n\x10GenerateResponse\x12&\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x15.tessera.v1.TextDeltaH\x00\x12\x30\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x1c.tessera.v1.GenerateFinishedH\x00\x42\x07\n\x05\x65vent2Y\n\x0eGatewayService\x12G\n\x08Generate\x12\x1b.tessera.v1.GenerateRequest\x1a\x1c.tessera.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tessera/v1/gateway.proto\x12\ntessera.v1\x1a\x17tessera/v1/common.proto\x1a\x18tessera/v1/decoder.proto\"X\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0f\n\x05image\x18\x02 \x01(\x0cH\x00\x12\x0f\n\x05\x61udio\x18\x03 \x01(\x0cH\x00\x12\x0f\n\x05video\x18\x04 \x01(\x0cH\x00\x42\x06\n\x04part\"E\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12(\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x17.tessera.v1.ContentPart\"\xd4\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.tessera.v1.ChatMessage\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.tessera.v1.SamplingParams\x12\x18\n\x10max_chunk_tokens\x18\x04 \x01(\r\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12O\n\x13mm_processor_kwargs\x18\x08 \x03(\x0b\x32\x32.tessera.v1.GenerateRequest.MmProcessorKwargsEntry\x1a\x38\n\x16MmProcessorKwargsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"Y\n\tTextDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12+\n\x08logprobs\x18\x03 \x03(\x0b\x32\x19.tessera.v1.TokenLogprobs\"\xbe\x01\n\x0cRequestStats\x12\x1e\n\x16time_to_first_token_ms\x18\x01 \x01(\x01\x12\x11\n\tnum_items\x18\x02 \x01(\r\x12\x1a\n\x12num_items_computed\x18\x03 \x01(\r\x12\x18\n\x10num_items_cached\x18\x04 \x01(\r\x12\x1b\n\x13num_embedding_bytes\x18\x05 \x01(\x04\x12(\n\x07\x64\x65\x63oder\x18\x06 \x01(\x0b\x32\x17.tessera.v1.DecodeStats\"\xbb\x01\n\x10GenerateFinished\x12/\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x18.tessera.v1.FinishReason\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.tessera.v1.Usage\x12\'\n\x05stats\x18\x03 \x01(\x0b\x32\x18.tessera.v1.RequestStats\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x11\n\ttoken_ids\x18\x05 \x03(\r\"u\n\x10GenerateResponse\x12&\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x15.tessera.v1.TextDeltaH\x00\x12\x30\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x1c.tessera.v1.GenerateFinishedH\x00\x42\x07\n\x05\x65vent2Y\n\x0eGatewayService\x12G\n\x08Generate\x12\x1b.tessera.v1.GenerateRequest\x1a\x1c.tessera.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,21 +36,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST_MMPROCESSORKWARGSENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_MMPROCESSORKWARGSENTRY']._serialized_options = b'8\001'
   _globals['_CONTENTPART']._serialized_start=91
-  _globals['_CONTENTPART']._serialized_end=162
-  _globals['_CHATMESSAGE']._serialized_start=164
-  _globals['_CHATMESSAGE']._serialized_end=233
-  _globals['_GENERATEREQUEST']._serialized_start=236
-  _globals['_GENERATEREQUEST']._serialized_end=576
-  _globals['_GENERATEREQUEST_MMPROCESSORKWARGSENTRY']._serialized_start=520
-  _globals['_GENERATEREQUEST_MMPROCESSORKWARGSENTRY']._serialized_end=576
-  _globals['_TEXTDELTA']._serialized_start=578
-  _globals['_TEXTDELTA']._serialized_end=667
-  _globals['_REQUESTSTATS']._serialized_start=670
-  _globals['_REQUESTSTATS']._serialized_end=860
-  _globals['_GENERATEFINISHED']._serialized_start=863
-  _globals['_GENERATEFINISHED']._serialized_end=1050
-  _globals['_GENERATERESPONSE']._serialized_start=1052
-  _globals['_GENERATERESPONSE']._serialized_end=1169
-  _globals['_GATEWAYSERVICE']._serialized_start=1171
-  _globals['_GATEWAYSERVICE']._serialized_end=1260
+  _globals['_CONTENTPART']._serialized_end=179
+  _globals['_CHATMESSAGE']._serialized_start=181
+  _globals['_CHATMESSAGE']._serialized_end=250
+  _globals['_GENERATEREQUEST']._serialized_start=253
+  _globals['_GENERATEREQUEST']._serialized_end=593
+  _globals['_GENERATEREQUEST_MMPROCESSORKWARGSENTRY']._serialized_start=537
+  _globals['_GENERATEREQUEST_MMPROCESSORKWARGSENTRY']._serialized_end=593
+  _globals['_TEXTDELTA']._serialized_start=595
+  _globals['_TEXTDELTA']._serialized_end=684
+  _globals['_REQUESTSTATS']._serialized_start=687
+  _globals['_REQUESTSTATS']._serialized_end=877
+  _globals['_GENERATEFINISHED']._serialized_start=880
+  _globals['_GENERATEFINISHED']._serialized_end=1067
+  _globals['_GENERATERESPONSE']._serialized_start=1069
+  _globals['_GENERATERESPONSE']._serialized_end=1186
+  _globals['_GATEWAYSERVICE']._serialized_start=1188
+  _globals['_GATEWAYSERVICE']._serialized_end=1277
 # @@protoc_insertion_point(module_scope)

@@ -9,14 +9,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ContentPart(_message.Message):
-    __slots__ = ("text", "image", "audio")
+    __slots__ = ("text", "image", "audio", "video")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_FIELD_NUMBER: _ClassVar[int]
     text: str
     image: bytes
     audio: bytes
-    def __init__(self, text: _Optional[str] = ..., image: _Optional[bytes] = ..., audio: _Optional[bytes] = ...) -> None: ...
+    video: bytes
+    def __init__(self, text: _Optional[str] = ..., image: _Optional[bytes] = ..., audio: _Optional[bytes] = ..., video: _Optional[bytes] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

@@ -66,6 +66,9 @@ CLIPS = {
 }
 
 
+# Families that also take video (tests/service/test_video.py).
+VIDEO_FAMILIES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")
+
 # Mistral's tokenizer refuses a system prompt in a conversation with audio.
 NO_SYSTEM_PROMPT_WITH_MEDIA = ("voxtral",)
 
@@ -392,7 +395,8 @@ def test_models_and_the_cli_take_the_family_media(stack, tmp_path):
     sends it and prints what generate() gives."""
     models = httpx.get(f"http://127.0.0.1:{stack.http_port}/v1/models", timeout=30).json()
     modality = "audio" if stack.items is CLIPS else "image"
-    assert models["data"][0]["input_modalities"] == ["text", modality]
+    video = ["video"] if stack.name in VIDEO_FAMILIES else []  # tests/service/test_video.py
+    assert models["data"][0]["input_modalities"] == ["text", modality, *video]
 
     prompt = stack.prompts["one-item"]
     item, text = prompt[0][1]

@@ -88,7 +88,9 @@ def test_an_item_sent_twice_in_a_request_is_decoded_and_hashed_once(qwen):
     builder = PromptBuilder(family, MediaLimits(10**8), 4)
     decoded: list[bytes] = []
     decode = builder.decoder.decode
-    builder.decoder.decode = lambda modality, data: decoded.append(data) or decode(modality, data)
+    builder.decoder.decode = lambda modality, data, options=None: (
+        decoded.append(data) or decode(modality, data, options)
+    )
     first, second = bmp(1), bmp(2)
     assert len(first) == len(second) and first != second
     sent = [first, "and", second, "then", IMAGE, "and", bytes(first), "?"]
