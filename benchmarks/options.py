@@ -11,7 +11,10 @@ from benchmarks.scale import FULL, QUICK, Scale
 from tessera.demo_models import AUDIO_DEMO_FAMILIES
 from tessera.testbed.devices import DTYPES
 
-SUITES = ["arms", "chunks", "poisson", "latency", "wire", "step", "growth", "fleet", "disagg"]
+SUITES = [
+    *("arms", "chunks", "poisson", "latency", "wire", "step", "growth", "fleet", "disagg"),
+    "video",
+]
 # Suites whose workloads are images whatever the family (latency: 4 items of a prompt
 # in one chunk, beyond a context of 30 s clips).
 IMAGE_ONLY_SUITES = ("latency", "growth", "wire", "fleet", "disagg")

@@ -3,7 +3,8 @@
     python -m benchmarks.run [--quick] [--family NAME | --model M] [--image-sides MIN MAX]
                              [--out DIR] [--redis-url URL] [--tls] [--encoder-flags FLAGS]
                              [--growth-repeats N] [--device D] [--dtype T]
-                             [--suites arms chunks poisson latency wire growth fleet]
+                             [--suites arms chunks poisson latency wire step growth fleet
+                                       disagg video]
 
 Arms: hf-generate (generate() in this process), reencode-per-chunk (chunked prefill that
 re-runs the vision tower for every chunk touching an image), whole-fetch (the decoder
@@ -46,6 +47,8 @@ DEFAULT_IMAGE_SIDES = (96, 320)
 CLIP_SECONDS = (2.0, 30.0)
 # Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
 # request names its chunk size.
+# Families that take video: the video suite runs on the run's model when it is one.
+VIDEO_FAMILIES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")
 DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
 DECODER_FLAGS += ["--max-num-seqs", "16"]
 # No embedding cache: nothing is kept unpinned, but a request's pins keep its items until
@@ -292,6 +295,23 @@ class Bench:
             f"{self.step['generate_ms']:.2f} ms per token.\n",
             self.step["table"],
             "",
+        ]
+
+    def video_suite(self) -> None:
+        out = self.args.out / "video.json"
+        command = [sys.executable, "-m", "benchmarks.video", "--json", str(out)]
+        if self.args.family in VIDEO_FAMILIES:  # else it makes its own Qwen2.5-VL model
+            command += ["--model", self.model]
+        if self.args.quick:
+            command += ["--requests", "6", "--seconds", "10", "30"]
+        subprocess.run(command, check=True)
+        self.video = json.loads(out.read_text())
+        self.results["video"] = self.video["cell"]
+        self.md += [
+            "## Video: rows per chunk vs the whole video per chunk (in a process of its own)\n",
+            self.video["table"],
+            "",
+            self.video["section"],
         ]
 
     def growth_suite(self) -> None:

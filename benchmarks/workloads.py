@@ -13,9 +13,10 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
-from tessera.client import Audio
+from tessera.client import Audio, Video
 from tessera.testbed.audio_files import wav_clip
 from tessera.testbed.reference import noise_image
+from tessera.testbed.video_files import make_video
 
 WORDS = [
     *("the", "a", "red", "cat", "sits", "on", "old", "blue", "chair", "near", "one"),
@@ -23,7 +24,7 @@ WORDS = [
     *("river", "light", "shows", "many", "quiet", "people", "in", "park", "describe"),
 ]
 
-Item = bytes | Audio  # an encoded image, or an audio clip
+Item = bytes | Audio | Video  # an encoded image, an audio clip or a video
 Message = tuple[str, list[str | Item]]
 
 
@@ -45,8 +46,8 @@ class BenchRequest:
         for role, parts in self.messages:
             digest.update(role.encode())
             for part in parts:
-                if isinstance(part, Audio):
-                    digest.update(b"audio:" + part.data)
+                if isinstance(part, Audio | Video):
+                    digest.update(type(part).__name__.encode() + b":" + part.data)
                 else:
                     digest.update(part if isinstance(part, bytes) else part.encode())
                 digest.update(b"\0")
@@ -72,6 +73,11 @@ class Spec:
     image_side: tuple[int, int] | None = None
     # Audio families: (min, max) seconds of the clips drawn instead of images.
     clip_seconds: tuple[float, float] | None = None
+    # Video: (min, max) seconds of the videos drawn instead of images, at `video_fps`
+    # frames per second, `video_size` (width, height) px.
+    video_seconds: tuple[int, int] | None = None
+    video_fps: int = 4
+    video_size: tuple[int, int] = (160, 120)
     turns: int = 1  # > 1: multi-turn conversations, num_requests = conversations x turns
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -82,7 +88,7 @@ class Spec:
                 "a new image in half the turns"
             )
         else:
-            kind = "clip" if self.clip_seconds else "img"
+            kind = "clip" if self.clip_seconds else "video" if self.video_seconds else "img"
             shape = f"{self.num_requests} requests, {self.images_per_request} {kind}"
             shape += f", reuse {self.reuse:.0%}"
         return (
@@ -97,9 +103,14 @@ def _text(rng: random.Random, low: int, high: int) -> str:
 
 
 def _item(rng: random.Random, seed: int, spec: Spec) -> Item:
-    """A clip of `spec.clip_seconds` when set, else an image of `spec.image_side`."""
+    """A clip of `spec.clip_seconds` when set, a video of `spec.video_seconds`, else an
+    image of `spec.image_side`."""
     if spec.clip_seconds:
         return wav_clip(seed, round(rng.uniform(*spec.clip_seconds), 2))
+    if spec.video_seconds:
+        width, height = spec.video_size
+        num_frames = rng.randint(*spec.video_seconds) * spec.video_fps
+        return Video(make_video(num_frames, spec.video_fps, width, height, "mp4", seed))
     if spec.image_side is None:
         raise ValueError("the workload has no image sides; give the spec its run's default")
     sides = spec.image_side

@@ -74,8 +74,25 @@ def fetch_order(content_hash: str, hints: Sequence[str], encoders: ReplicaSet) -
     return order
 
 
+# A chunk's slices on one encoder go in one call of at most this many slices and about
+# this many bytes (below the encoder's default --max-slices-per-call and
+# --max-slice-bytes-per-call, so a batch is not refused for its size).
+MAX_BATCH_SLICES = 256
+MAX_BATCH_BYTES = 64 << 20
+
+
 class _NotKeptError(RuntimeError):
     """An encoder lost an item between encoding it and serving its rows."""
+
+
+# Whatever goes wrong with a batched call: its slices are then fetched one by one, where
+# each failure is told apart (re-encode, next replica, refusal).
+_BATCH_FAILURES = (
+    grpc.aio.AioRpcError,
+    SliceStreamError,
+    UnknownReplicaError,
+    ChannelPoolFullError,
+)
 
 
 @dataclass(frozen=True)
@@ -133,12 +150,66 @@ class EmbeddingClient:
     async def fetch_chunk(
         self, request_id: str, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
     ) -> list[FetchedRows]:
-        """The rows of every slice of one chunk, fetched concurrently."""
+        """The rows of every slice of one chunk: one call per encoder for all the slices
+        it is first choice for (per-call costs dominate small slices), concurrently.
+        A batch that fails in any way is fetched again slice by slice, with the whole
+        recovery path (re-encode, next replica, refusal) per item."""
+        if self.colocated is not None or self.fetch_whole or len(slices) < 2:
+            return await self._fetch_each(request_id, items, range(len(slices)), slices)
+        self.require_encoders()
+        results: list[FetchedRows | None] = [None] * len(slices)
+
+        async def fetch_batch(address: str, indices: list[int]) -> None:
+            try:
+                fetched = await self._stream_batch(address, request_id, items, slices, indices)
+            except _BATCH_FAILURES as error:
+                log.info(
+                    "batched fetch from %s failed (%s); fetching slice by slice", address, error
+                )
+                fetched = await self._fetch_each(request_id, items, indices, slices)
+            for index, rows in zip(indices, fetched, strict=True):
+                results[index] = rows
+
+        await asyncio.gather(*(fetch_batch(a, b) for a, b in self._batches(items, slices)))
+        if any(rows is None for rows in results):
+            raise AssertionError("a batch left a slice unfetched")
+        return list(results)
+
+    async def _fetch_each(
+        self,
+        request_id: str,
+        items: Sequence[MediaSource],
+        indices: Sequence[int],
+        slices: Sequence[ChunkSlice],
+    ) -> list[FetchedRows]:
         return list(
             await asyncio.gather(
-                *(self.fetch_slice(request_id, items[s.item_index], s) for s in slices)
+                *(
+                    self.fetch_slice(request_id, items[slices[i].item_index], slices[i])
+                    for i in indices
+                )
             )
         )
+
+    def _batches(
+        self, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
+    ) -> list[tuple[str, list[int]]]:
+        """Slice indices by first-choice encoder, in batches of at most
+        MAX_BATCH_SLICES slices and about MAX_BATCH_BYTES (at 4 bytes a value)."""
+        batches: list[tuple[str, list[int]]] = []
+        open_batches: dict[str, tuple[list[int], int]] = {}
+        for index, chunk_slice in enumerate(slices):
+            order = self.order(items[chunk_slice.item_index])
+            address = order[0] if order else ""
+            num_bytes = chunk_slice.num_rows * self.row_width * 4
+            indices, size = open_batches.get(address, ([], 0))
+            if indices and (len(indices) >= MAX_BATCH_SLICES or size + num_bytes > MAX_BATCH_BYTES):
+                indices, size = [], 0
+            if not indices:
+                batches.append((address, indices))
+            indices.append(index)
+            open_batches[address] = (indices, size + num_bytes)
+        return batches
 
     async def fetch_slice(
         self, request_id: str, item: MediaSource, chunk_slice: ChunkSlice
@@ -232,6 +303,51 @@ class EmbeddingClient:
             if self._reencodes.get(key) is task:
                 del self._reencodes[key]
         return True
+
+    async def _stream_batch(
+        self,
+        address: str,
+        request_id: str,
+        items: Sequence[MediaSource],
+        slices: Sequence[ChunkSlice],
+        indices: Sequence[int],
+    ) -> list[FetchedRows]:
+        """Every slice of `indices` from `address` in one call: the encoder streams them
+        in request order, each slice's rows before the next one's."""
+        if not address:
+            raise UnknownReplicaError("no encoder to ask")
+        stub = encoder_pb2_grpc.EncoderServiceStub(self.encoders.channel(address))
+        wanted = [slices[i] for i in indices]
+        request = encoder_pb2.GetEmbeddingSlicesRequest(
+            slices=[
+                encoder_pb2.RowSlice(
+                    content_hash=s.content_hash,
+                    start=s.row_start,
+                    end=s.row_end,
+                    item_num_rows=items[s.item_index].range.num_item_rows,
+                )
+                for s in wanted
+            ],
+            lease_owner=request_id,
+            lease_ms=self.lease_ms,
+        )
+        assemblers = [
+            RowAssembler(s.content_hash, s.row_start, s.row_end, self.row_width) for s in wanted
+        ]
+        current = 0
+        call = stub.GetEmbeddingSlices(request, timeout=self.timeout_seconds)
+        try:
+            async for message in call:
+                while current < len(assemblers) - 1 and assemblers[current].complete:
+                    current += 1
+                self.num_bytes_received += assemblers[current].add(message)
+            return [
+                FetchedRows(s, rows.finish(), rows.num_bytes, False)
+                for s, rows in zip(wanted, assemblers, strict=True)
+            ]
+        except SliceStreamError:
+            call.cancel()
+            raise
 
     async def _stream_rows(
         self,

@@ -87,6 +87,7 @@ class EncoderCounters:
     num_bytes_served: int = 0
     num_hashes_verified: int = 0
     num_hashes_trusted: int = 0
+    num_slice_calls: int = 0
 
 
 class SharedStore(Protocol):

@@ -101,6 +101,7 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         self, request, context
     ) -> AsyncIterator[encoder_pb2.EmbeddingSlice]:
         await abort_unless_ready(context, self.core is not None)
+        self.core.counters.num_slice_calls += 1
         requests = [
             RowRequest(s.content_hash, s.start, s.end, s.item_num_rows) for s in request.slices
         ]
@@ -166,6 +167,7 @@ def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
         num_pins_refused=store.stats.num_pins_refused,
         num_hashes_verified=counters.num_hashes_verified,
         num_hashes_trusted=counters.num_hashes_trusted,
+        num_slice_calls=counters.num_slice_calls,
     )
 
 
@@ -242,6 +244,12 @@ ENCODER_METRICS: tuple[StatField, ...] = (
         "Items computed whose content hash was taken from a trusted caller unchecked",
         "counter",
         "num_hashes_trusted",
+    ),
+    (
+        "tessera_encoder_slice_calls_total",
+        "GetEmbeddingSlices calls answered",
+        "counter",
+        "num_slice_calls",
     ),
     (
         "tessera_encoder_degraded",

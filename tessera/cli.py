@@ -53,6 +53,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         routed["gateway"] += ["--http-port", str(args.http_port)]
     if args.model and args.family:
         raise SystemExit("tessera serve: give --model or --family, not both")
+    if args.colocated and args.encoders > 1:
+        raise SystemExit("tessera serve: --colocated runs no encoder service; drop --encoders")
     family = args.family or DEFAULT_FAMILY
     model = args.model or str(default_demo_dir(family))
     # Every flag of every service, before anything starts (the demo model is made after:
@@ -66,6 +68,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         args.decoders,
         args.redis_url,
         ports=itertools.repeat(0),
+        colocated=args.colocated,
     )
     gateway_ports = {"--port": args.port, "--http-port": args.http_port}
     problems = check_serve(plan, args.host, gateway_ports, check_model=args.model is not None)
@@ -86,6 +89,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         with_metrics=metrics_services(parsers),
         http_port=args.http_port,
         auto_tls=args.tls == "auto",
+        colocated=args.colocated,
     )
 
 
@@ -226,6 +230,12 @@ def build_parser(with_services: bool = True) -> argparse.ArgumentParser:
         type=replica_count,
         default=1,
         help="decoder replicas to start (the gateway gets every address)",
+    )
+    serve.add_argument(
+        "--colocated",
+        action="store_true",
+        help="no encoder service: each decoder runs the encoder in its own process "
+        "(--colocated-encoder), as vLLM v1 does; --encoders and --redis-url do not apply",
     )
     serve.add_argument(
         "--redis-url",

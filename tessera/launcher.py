@@ -11,6 +11,10 @@ each get every encoder's address, and a gateway that gets every replica's addres
 replica that dies is reported and routed around, as in a cluster (without the restart);
 serve stops when the gateway or the last replica of a service is gone.
 
+With `--colocated` there is no encoder service: each decoder runs the encoder in its own
+process (`--colocated-encoder`, as vLLM v1 does by default) and the gateway sends no
+Encode, only the decoders' addresses.
+
 With `--tls auto` it makes a throwaway CA and one certificate per role in a temporary
 directory (removed on exit; tessera.certs), starts every service with mutual TLS on its
 role's certificate, and prints the `client` certificate to connect with.
@@ -148,14 +152,18 @@ def plan_replicas(
     with_metrics: Collection[str] = (),
     ports: Iterator[int] | None = None,
     tls: Mapping[str, TlsFiles] | None = None,
+    colocated: bool = False,
 ) -> list[Replica]:
     """What to start, in start order: the encoders, the decoders with every encoder
     address, then the gateway with every encoder and decoder address. The flags mirror the
     Kubernetes manifests: the encoders share `--redis-url`, the decoders and the gateway
     list the replicas they call (there through DNS). With `tls` (files per role), each
-    service gets the files of the role named like it."""
-    if encoders < 1 or decoders < 1:
+    service gets the files of the role named like it. `colocated`: no encoders, each
+    decoder encodes in its own process."""
+    if decoders < 1 or (encoders < 1 and not colocated):
         raise SystemExit("tessera serve needs at least one encoder and one decoder")
+    if colocated and redis_url:
+        raise SystemExit("tessera serve --colocated: the decoders' encoders keep no Redis cache")
     ports = ports or distinct_free_ports(host, taken={gateway_port})
     common = ["--model", model, "--host", host]
     replicas: list[Replica] = []
@@ -171,15 +179,19 @@ def plan_replicas(
         return replica
 
     redis = ["--redis-url", redis_url] if redis_url else []
+    if colocated:
+        encoders, encoder_flag = 0, ["--colocated-encoder"]
     encoder_list = [add("encoder", i, encoders, next(ports), redis) for i in range(encoders)]
-    encoder_flag = ["--encoders", ",".join(r.address for r in encoder_list)]
+    if not colocated:
+        encoder_flag = ["--encoders", ",".join(r.address for r in encoder_list)]
     decoder_list = [add("decoder", i, decoders, next(ports), encoder_flag) for i in range(decoders)]
+    gateway_encoders = [] if colocated else encoder_flag
     add(
         "gateway",
         0,
         1,
         gateway_port,
-        [*encoder_flag, "--decoders", ",".join(r.address for r in decoder_list)],
+        [*gateway_encoders, "--decoders", ",".join(r.address for r in decoder_list)],
     )
     return replicas
 
@@ -269,11 +281,21 @@ def serve_all(
     with_metrics: Collection[str] = (),
     http_port: int = 0,
     auto_tls: bool = False,
+    colocated: bool = False,
 ) -> None:
     tls_dir = Path(tempfile.mkdtemp(prefix="tessera-tls-")) if auto_tls else None
     tls = _role_certificates(tls_dir, host) if tls_dir else None
     replicas = plan_replicas(
-        model, host, port, routed, encoders, decoders, redis_url, with_metrics, tls=tls
+        model,
+        host,
+        port,
+        routed,
+        encoders,
+        decoders,
+        redis_url,
+        with_metrics,
+        tls=tls,
+        colocated=colocated,
     )
     client = tls["client"] if tls else None
     children: list[Child] = []

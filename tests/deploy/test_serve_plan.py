@@ -60,6 +60,29 @@ def test_replicas_share_redis_and_decoders_and_the_gateway_get_every_address():
     assert gateway.args[index + 1] == ",".join(r.address for r in decoders)
 
 
+def test_colocated_runs_the_encoder_in_each_decoder_and_no_encoder_service():
+    from decoder_service.main import build_parser as decoder_parser
+    from gateway.main import build_parser as gateway_parser
+
+    replicas = plan(decoders=2, colocated=True)
+    assert [r.service for r in replicas] == ["decoder", "decoder", "gateway"]
+    for decoder in replicas[:2]:
+        assert decoder_parser().parse_args(decoder.args).colocated_encoder
+        assert "--encoders" not in decoder.args
+    gateway = gateway_parser().parse_args(replicas[-1].args)
+    assert not gateway.encoders, "no Encode calls: the decoders encode"
+    assert len(gateway.decoders) == 2
+    with pytest.raises(SystemExit, match="Redis"):
+        plan(colocated=True, redis_url="redis://127.0.0.1:6379/0")
+
+
+def test_serve_refuses_colocated_with_encoder_replicas(capsys):
+    from tessera.cli import main
+
+    with pytest.raises(SystemExit, match="drop --encoders"):
+        main(["serve", "--colocated", "--encoders", "2"])
+
+
 def test_each_replica_gets_its_own_metrics_port_when_the_service_has_the_flag():
     replicas = plan(encoders=2, with_metrics={"encoder", "decoder"})
     metrics = [r.metrics_port for r in replicas]

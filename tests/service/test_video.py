@@ -240,3 +240,26 @@ def test_bad_videos_are_refused_and_the_next_request_is_served(stack):
             assert fragment in answer.json()["error"]["message"], name
         done = client.complete(messages(PROMPTS["two-videos"]), greedy(), cache_salt="after")
     assert_greedy_match(done.token_ids, stack.expected["two-videos"], f"{stack.name} after bad")
+
+
+def test_a_chunks_slices_on_one_encoder_come_in_one_call(stack):
+    """Two videos (Qwen3-VL: a range per temporal step) in one chunk: one
+    GetEmbeddingSlices call for all of their rows. The videos are encoded first, by a
+    request of other text, so the call finds them (an item still in flight on the
+    gateway's Encode would send the batch down the slice-by-slice path)."""
+    videos = [VIDEOS["wide"], "and", VIDEOS["short"]]
+    warm = [("user", ["Look:", *videos, "which is longer?"])]
+    prompt = [("user", ["Now compare:", *videos, "which has more motion?"])]
+    expected = stack.reference.generate(prompt, MAX_NEW_TOKENS)
+    with Client(stack.gateway) as client:
+        client.complete(messages(warm), greedy(), 2048, cache_salt="one-call")
+        before = encoder_stats(stack)
+        done = client.complete(messages(prompt), greedy(), 2048, cache_salt="one-call")
+    after = encoder_stats(stack)
+    assert_greedy_match(done.token_ids, expected, f"{stack.name} one call")
+    ranges = stack.builder.build(to_chat_inputs(prompt)).items
+    fetched = [c for c in done.stats.decoder.chunks if c.num_embedding_rows]
+    assert len(fetched) == 1 and len(ranges) >= 2, (fetched, len(ranges))
+    assert fetched[0].num_embedding_rows == sum(r.range.length for r in ranges)
+    assert after.num_slice_calls - before.num_slice_calls == 1
+    assert after.num_items_computed == before.num_items_computed
