@@ -38,6 +38,8 @@ ACCEPTED_CONTAINERS = frozenset({"mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"})
 ACCEPTED_NAMES = "an MP4, WebM, MKV or MOV file"
 # The decoded RGB bytes of one video's sampled frames: 256 frames of 1280 x 720.
 MAX_SAMPLED_BYTES = 256 * 1280 * 720 * 3
+# Videos a service decodes at once (each bounded by the limits); more wait their turn.
+MAX_CONCURRENT_VIDEO_DECODES = 2
 # A file whose frames cover less than this share of its declared duration was cut short.
 MIN_DECLARED_SHARE = 0.9
 # Frame rates outside this range are a broken or hostile header.
