@@ -63,6 +63,7 @@ class DecoderConfig:
     access: AccessRules
     enable_reflection: bool
     health_port: int
+    torch_threads: int = 0  # --torch-threads (0: torch's default)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DecoderConfig:

@@ -20,7 +20,7 @@ from decoder_service.scheduler import Scheduler
 from decoder_service.servicer import DecoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.channels import ChannelPool
-from tessera.compute_thread import compute_thread
+from tessera.compute_thread import compute_thread, set_torch_threads
 from tessera.config_common import served_model_name
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
@@ -194,4 +194,5 @@ async def run(config: DecoderConfig) -> None:
 def main(args: argparse.Namespace) -> None:
     config = DecoderConfig.from_args(args)
     configure_logging(config.log_level, config.log_format)
+    set_torch_threads(config.torch_threads)
     asyncio.run(run(config))

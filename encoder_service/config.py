@@ -86,6 +86,7 @@ class EncoderConfig:
     trust_content_hashes_from: frozenset[str]
     enable_reflection: bool
     health_port: int
+    torch_threads: int = 0  # --torch-threads (0: torch's default)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EncoderConfig:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
@@ -27,6 +28,7 @@ from tessera.media import DecodedImage, ProcessingOptions
 from tessera.media_decoder import MediaDecoder, MediaLimits
 from tessera.placeholders import Modality
 from tessera.tensor_codec import RowBlock, encode_rows
+from tessera.video import MAX_CONCURRENT_VIDEO_DECODES, DecodedVideo
 
 log = logging.getLogger("tessera.encoder")
 
@@ -55,6 +57,8 @@ class EncodeItem:
     cache_salt: str = ""  # the tenant salt `content_hash` was made with
     # From a caller trusted with hashes (encoder_service.hash_trust): not checked.
     hash_trusted: bool = False
+    # A video decoded before it was queued (off the model thread); None: decode in batch.
+    decoded: DecodedVideo | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,9 @@ class EncoderCore:
             max_batch_cost=max_batch_pixels,
         )
         self._in_flight: dict[str, asyncio.Task[tuple[RowBlock, Source]]] = {}
+        self._video_decoding = ThreadPoolExecutor(
+            max_workers=MAX_CONCURRENT_VIDEO_DECODES, thread_name_prefix="video"
+        )
 
     async def encode(self, items: Sequence[EncodeItem], lease: Lease | None) -> list[EncodeResult]:
         """Rows for every item; each unique item is looked up or computed once. Items
@@ -246,6 +253,21 @@ class EncoderCore:
                 return  # not ours (expired, or Redis is down): nothing to keep
 
     async def _compute(self, item: EncodeItem, caller: Hashable) -> RowBlock:
+        if item.modality == Modality.VIDEO:
+            # Seconds of demuxing and decoding: on threads of their own, so the model
+            # thread keeps encoding other callers' items meanwhile.
+            loop = asyncio.get_running_loop()
+            try:
+                decoded = await loop.run_in_executor(
+                    self._video_decoding,
+                    self.decoder.decode,
+                    item.modality,
+                    item.data,
+                    item.options,
+                )
+            except ValueError as error:
+                raise InvalidItemError(str(error)) from None
+            item = replace(item, decoded=decoded)
         block = await self.batcher.submit(item, caller)
         self.counters.num_items_computed += 1
         self.store.put(item.content_hash, block)
@@ -333,7 +355,7 @@ class EncoderCore:
         decoded = []
         for index, item in enumerate(items):
             try:
-                media = self.decoder.decode(item.modality, item.data, item.options)
+                media = item.decoded or self.decoder.decode(item.modality, item.data, item.options)
             except ValueError as error:
                 outcomes.append(InvalidItemError(str(error)))
                 continue
@@ -353,7 +375,7 @@ class EncoderCore:
         return outcomes
 
     def _check_hash(
-        self, item: EncodeItem, media: DecodedImage | DecodedAudio
+        self, item: EncodeItem, media: DecodedImage | DecodedAudio | DecodedVideo
     ) -> InvalidItemError | None:
         """The refusal of an item whose content does not have its hash; None when it has,
         or when its caller is trusted with hashes (then its pixels are not hashed at all)."""

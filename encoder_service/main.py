@@ -14,7 +14,7 @@ from encoder_service.redis_connection import redis_settings
 from encoder_service.redis_format import RowShape
 from encoder_service.servicer import CallLimits, EncoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
-from tessera.compute_thread import compute_thread
+from tessera.compute_thread import compute_thread, set_torch_threads
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.server import serve, service_spec
@@ -109,4 +109,5 @@ def row_shape(family: ModelFamily) -> RowShape:
 def main(args: argparse.Namespace) -> None:
     config = EncoderConfig.from_args(args)
     configure_logging(config.log_level, config.log_format)
+    set_torch_threads(config.torch_threads)
     asyncio.run(run(config))

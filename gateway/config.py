@@ -83,6 +83,7 @@ class GatewayConfig:
     generation_config: str  # "auto": sampling defaults from the checkpoint; "vllm": neutral
     tool_call_parser: str  # how tool calls are read out of text (gateway/tool_calls.py)
     enable_auto_tool_choice: bool
+    torch_threads: int = 0  # --torch-threads (0: torch's default)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:

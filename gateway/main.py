@@ -19,7 +19,7 @@ from gateway.stats_log import StatsLogger, decoders_stats
 from gateway.tools import ToolSettings
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.channels import ChannelPool
-from tessera.compute_thread import compute_thread
+from tessera.compute_thread import compute_thread, set_torch_threads
 from tessera.config_common import served_model_names
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
@@ -144,4 +144,5 @@ async def run(config: GatewayConfig) -> None:
 def main(args: argparse.Namespace) -> None:
     config = GatewayConfig.from_args(args)
     configure_logging(config.log_level, config.log_format)
+    set_torch_threads(config.torch_threads)
     asyncio.run(run(config))

@@ -23,6 +23,7 @@ from tessera.compute_thread import compute_thread
 from tessera.rendezvous import encoder_order
 from tessera.replicas import ReplicaSet
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
+from tessera.video import MAX_CONCURRENT_VIDEO_DECODES
 from tessera.wire import media_item_to_proto, range_to_proto
 
 log = logging.getLogger("tessera.gateway")
@@ -112,11 +113,6 @@ class DownstreamError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
         self.code = code
-
-
-# Videos decoded at once per gateway; more wait their turn (each is bounded by
-# --max-video-decode-seconds and its frames by --max-video-frames).
-MAX_CONCURRENT_VIDEO_DECODES = 2
 
 
 class GenerationPipeline:

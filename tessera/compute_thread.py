@@ -60,3 +60,15 @@ class ComputeThread:
 def compute_thread() -> ComputeThread:
     """The process's compute thread (made on first use)."""
     return ComputeThread()
+
+
+def set_torch_threads(num_threads: int) -> None:
+    """--torch-threads: torch's intra-op threads in this process (0 leaves torch's
+    default, one per core). Services that share a machine's cores each default to all of
+    them, and their OpenMP threads then spin against each other's."""
+    if num_threads < 0:
+        raise ValueError(f"--torch-threads must be >= 0, got {num_threads}")
+    if num_threads:
+        import torch
+
+        torch.set_num_threads(num_threads)

@@ -83,6 +83,13 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         "float32 on a CPU for a half-precision checkpoint), float32, bfloat16, float16",
     )
     parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch's intra-op threads in this process (0: torch's default, one per core); "
+        "services sharing a machine's cores each default to all of them",
+    )
+    parser.add_argument(
         "--model-fingerprint",
         default=None,
         help="override the fingerprint computed from the checkpoint's files "

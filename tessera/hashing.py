@@ -70,9 +70,17 @@ def content_hash(
             framed_digest(
                 part for name, value in pairs for part in (name.encode(), struct.pack("<q", value))
             ).encode(),
-            bytes(content) if isinstance(content, memoryview) else content,
+            _flat(content),
         ]
     )
+
+
+def _flat(content: bytes | memoryview) -> bytes | memoryview:
+    """`content` as one run of bytes without copying it (a video's frames are hundreds
+    of MiB): a contiguous view cast to bytes, whose length is its byte count."""
+    if not isinstance(content, memoryview):
+        return content
+    return content.cast("B") if content.c_contiguous else bytes(content)
 
 
 def salted_hash(content_hash: str, cache_salt: str) -> str:

@@ -1,28 +1,34 @@
 """Decoding a video into the frames its model family samples, under bounds a hostile
 caller cannot escape.
 
-Decoding uses PyAV (FFmpeg, shipped in its wheels); nothing here is a hand-written
-codec. The steps, each refusing with a message that says what to fix:
+Decoding uses PyAV (FFmpeg, shipped in its wheels; `tessera.video_container` holds
+everything that touches it); nothing here is a hand-written codec. The steps, each
+refusing with a message that says what to fix:
 
-1. open the bytes as one of the accepted containers (MP4/MOV, Matroska/WebM);
-2. read the first video stream's header: frame size (refused above
-   --max-video-frame-pixels before any frame is decoded) and frame rate;
-3. count the stream's packets without decoding them (containers such as WebM store no
-   frame count), refusing as soon as the count shows a clip over --max-video-seconds;
+1. open the bytes as one of the accepted containers (MP4/MOV, Matroska/WebM): FFmpeg's
+   other demuxers never parse them;
+2. read the first video stream's header: codec, frame size (refused above
+   --max-video-frame-pixels before any frame is decoded), frame rate and declared
+   duration (refused above --max-video-seconds);
+3. count the frames the stream shows from its packets, without decoding them
+   (containers such as WebM store no frame count; packets an MP4 edit list hides are
+   not counted), refusing as soon as the count shows a clip over --max-video-seconds;
 4. ask the family which frames it keeps (`FrameSampler`, the processor's own
-   `sample_frames`), at most --max-video-frames, and check their bytes against
-   MAX_SAMPLED_BYTES before decoding;
-5. decode once, in order, converting only the sampled frames to RGB, under a wall-clock
-   bound (--max-video-decode-seconds).
+   `sample_frames`), at most --max-video-frames, and check their RGB bytes against
+   `VideoLimits.max_sampled_bytes` before decoding;
+5. decode once, in order, converting only the sampled frames to RGB and stopping after
+   the last, under a wall-clock bound (--max-video-decode-seconds). Every frame must
+   have the header's size. A stream that decodes to fewer frames than it counted (a
+   cut that starts between keyframes, a broken file) is refused when a sampled frame
+   is missing: the frames are never silently taken from elsewhere.
 
-Memory stays bounded by the sampled frames (at most MAX_SAMPLED_BYTES) plus one decoded
-frame; time by the demux pass and the decode bound.
+Memory stays bounded by the sampled frames (at most `max_sampled_bytes`) plus what the
+decoder holds (its own frame-size bound is set from --max-video-frame-pixels); time by
+the demux pass and the decode bound.
 """
 
 from __future__ import annotations
 
-import io
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,15 +39,13 @@ from tessera.hashing import content_hash
 from tessera.media import MediaError, ProcessingOptions
 from tessera.placeholders import Modality
 
-# FFmpeg's names of the demuxers accepted: MP4/MOV (and their 3GP kin), Matroska/WebM.
-ACCEPTED_CONTAINERS = frozenset({"mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"})
 ACCEPTED_NAMES = "an MP4, WebM, MKV or MOV file"
-# The decoded RGB bytes of one video's sampled frames: 256 frames of 1280 x 720.
+# The decoded RGB bytes of one video's sampled frames: 256 frames of 1280 x 720
+# (675 MiB). --max-video-frames times --max-video-frame-pixels would allow 6 GiB; a
+# longer or larger clip must be sampled more sparsely.
 MAX_SAMPLED_BYTES = 256 * 1280 * 720 * 3
-# A file whose frames cover less than this share of its declared duration was cut short.
-MIN_DECLARED_SHARE = 0.9
-# Frame rates outside this range are a broken or hostile header.
-MIN_FPS, MAX_FPS = 1e-6, 1000.0
+# Videos a service decodes at once (each bounded by the limits); more wait their turn.
+MAX_CONCURRENT_VIDEO_DECODES = 2
 
 
 class VideoError(MediaError):
@@ -52,10 +56,11 @@ class VideoError(MediaError):
 class VideoLimits:
     """What decoding one video may cost."""
 
-    max_seconds: float = 600.0
-    max_frames: int = 256
-    max_frame_pixels: int = 3840 * 2160
-    max_decode_seconds: float = 30.0
+    max_seconds: float = 600.0  # --max-video-seconds
+    max_frames: int = 256  # --max-video-frames: sampled frames per video
+    max_frame_pixels: int = 3840 * 2160  # --max-video-frame-pixels
+    max_decode_seconds: float = 30.0  # --max-video-decode-seconds: demux + decode
+    max_sampled_bytes: int = MAX_SAMPLED_BYTES  # RGB bytes of the sampled frames
 
 
 @dataclass(frozen=True)
@@ -64,24 +69,40 @@ class VideoInfo:
 
     width: int
     height: int
-    fps: float
-    total_num_frames: int
-    container: str
+    fps: float  # the stream's average frame rate
+    total_num_frames: int  # counted from the stream's packets
+    codec: str  # FFmpeg's decoder name: "h264", "vp9", ...
+    container: str  # FFmpeg's demuxer name: "mov,mp4,m4a,3gp,3g2,mj2" or "matroska,webm"
 
     @property
     def duration_seconds(self) -> float:
         return self.total_num_frames / self.fps
 
 
-# Which frames (indices into the stream, increasing) a family keeps of a video.
+# Which frames (indices into the stream, increasing) a family keeps of a video. It may
+# raise ValueError naming what to fix (too short a clip for the model, ...).
 FrameSampler = Callable[[VideoInfo], Sequence[int]]
+
+
+def uniform_sampler(num_frames: int) -> FrameSampler:
+    """`num_frames` evenly spaced frames, index floor(i * total / num_frames) for i in
+    0..num_frames-1 (torch.arange(0, total, total / num).int() without float rounding);
+    a clip of fewer frames gives all of them."""
+    if num_frames < 1:
+        raise ValueError(f"num_frames must be at least 1, got {num_frames}")
+
+    def sample(info: VideoInfo) -> list[int]:
+        count = min(num_frames, info.total_num_frames)
+        return [i * info.total_num_frames // count for i in range(count)]
+
+    return sample
 
 
 @dataclass(frozen=True, eq=False)
 class DecodedVideo:
     """The sampled frames of a video, as every family and the content hash see them."""
 
-    frames: np.ndarray  # [num_frames, height, width, 3] uint8 RGB
+    frames: np.ndarray  # [num_frames, height, width, 3] uint8 RGB, read-only
     frame_indices: tuple[int, ...]  # each frame's index in the stream
     fps: float  # the stream's frame rate
     total_num_frames: int
@@ -134,50 +155,29 @@ class DecodedVideo:
 def decode_video(data: bytes, limits: VideoLimits, sampler: FrameSampler) -> DecodedVideo:
     """Encoded video bytes -> the frames `sampler` keeps; raises VideoError (or the
     sampler's ValueError) naming what to fix."""
+    from tessera import video_container
+
     if not data:
         raise VideoError(f"video part is empty; send the bytes of {ACCEPTED_NAMES}")
     deadline = time.monotonic() + limits.max_decode_seconds
-    info = probe_video(data, limits, deadline)
+    info, timestamps = video_container.probe(data, limits, deadline)
     indices = _checked_indices(sampler(info), info, limits)
-    return DecodedVideo(
-        _decode_frames(data, info, indices, deadline),
-        tuple(indices),
-        info.fps,
-        info.total_num_frames,
-    )
+    frames = np.empty((len(indices), info.height, info.width, 3), dtype=np.uint8)
+    video_container.decode_sampled(data, limits, info, timestamps, indices, frames, deadline)
+    frames.flags.writeable = False  # the content hash names these bytes
+    return DecodedVideo(frames, tuple(indices), info.fps, info.total_num_frames)
 
 
-def probe_video(data: bytes, limits: VideoLimits, deadline: float = math.inf) -> VideoInfo:
-    """The stream's size, rate and frame count, without decoding a frame."""
-    with _opened(data) as (container, stream):
-        width, height = stream.codec_context.width, stream.codec_context.height
-        if width < 1 or height < 1:  # FFmpeg gives none above 2^31 / 8 pixels, or none said
-            raise VideoError(
-                "the video's frames have no usable size; send a video of at most "
-                f"{limits.max_frame_pixels} pixels per frame (--max-video-frame-pixels)"
-            )
-        if width * height > limits.max_frame_pixels:
-            raise VideoError(
-                f"video frames are {width}x{height} = {width * height} pixels, above the "
-                f"limit of {limits.max_frame_pixels} (--max-video-frame-pixels); send a "
-                "smaller video"
-            )
-        fps = _frame_rate(stream)
-        max_frames = math.floor(limits.max_seconds * fps) + 1
-        num_frames = 0
-        for packet in container.demux(stream):
-            if packet.size:
-                num_frames += 1
-            if num_frames > max_frames:
-                raise VideoError(
-                    f"the video is longer than {limits.max_seconds:g} s "
-                    "(--max-video-seconds); send a shorter clip"
-                )
-            _check_deadline(deadline, limits)
-        if num_frames == 0:
-            raise VideoError(f"the video has no frames; send {ACCEPTED_NAMES}")
-        _check_complete(container, stream, num_frames, fps)
-        return VideoInfo(width, height, fps, num_frames, container.format.name)
+def probe_video(data: bytes, limits: VideoLimits, deadline: float | None = None) -> VideoInfo:
+    """The stream's codec, size, rate and frame count, without decoding a frame.
+    `deadline`: a time.monotonic() bound (default: --max-video-decode-seconds from now)."""
+    from tessera import video_container
+
+    if not data:
+        raise VideoError(f"video part is empty; send the bytes of {ACCEPTED_NAMES}")
+    if deadline is None:
+        deadline = time.monotonic() + limits.max_decode_seconds
+    return video_container.probe(data, limits, deadline)[0]
 
 
 def _checked_indices(indices: Sequence[int], info: VideoInfo, limits: VideoLimits) -> list[int]:
@@ -188,113 +188,15 @@ def _checked_indices(indices: Sequence[int], info: VideoInfo, limits: VideoLimit
             "(--max-video-frames): lower fps or num_frames"
         )
     if indices != sorted(set(indices)) or indices[0] < 0 or indices[-1] >= info.total_num_frames:
-        raise VideoError(f"frame indices {indices[:8]}... are not increasing within the video")
-    num_bytes = len(indices) * info.width * info.height * 3
-    if num_bytes > MAX_SAMPLED_BYTES:
         raise VideoError(
-            f"{len(indices)} frames of {info.width}x{info.height} take {num_bytes} bytes, "
-            f"above {MAX_SAMPLED_BYTES}; lower fps or num_frames, or send a smaller video"
+            f"sampled frame indices {indices[:8]}... are not increasing within the "
+            f"video's {info.total_num_frames} frames"
+        )
+    num_bytes = len(indices) * info.width * info.height * 3
+    if num_bytes > limits.max_sampled_bytes:
+        raise VideoError(
+            f"{len(indices)} frames of {info.width}x{info.height} take {num_bytes} bytes "
+            f"as RGB, above the limit of {limits.max_sampled_bytes}; lower fps or "
+            "num_frames, or send a smaller video"
         )
     return indices
-
-
-def _decode_frames(data: bytes, info: VideoInfo, indices: list[int], deadline: float) -> np.ndarray:
-    frames = np.empty((len(indices), info.height, info.width, 3), dtype=np.uint8)
-    wanted = iter(enumerate(indices))
-    slot, next_index = next(wanted)
-    with _opened(data) as (container, stream):
-        for index, frame in enumerate(container.decode(stream)):
-            if index == next_index:
-                if (frame.width, frame.height) != (info.width, info.height):
-                    raise VideoError(
-                        f"frame {index} is {frame.width}x{frame.height}, not the stream's "
-                        f"{info.width}x{info.height}; send a video of one frame size"
-                    )
-                frames[slot] = frame.to_ndarray(format="rgb24")
-                slot, next_index = next(wanted, (None, None))
-                if slot is None:
-                    break
-            if time.monotonic() > deadline:
-                raise VideoError(
-                    "the video took too long to decode (--max-video-decode-seconds); send "
-                    "a shorter or smaller clip"
-                )
-    if slot is not None:
-        raise VideoError(
-            f"the video stopped decoding before frame {next_index} of its "
-            f"{info.total_num_frames}; it is truncated or corrupt: send the whole file"
-        )
-    return frames
-
-
-class _opened:
-    """The container and its first video stream; every FFmpeg error a VideoError."""
-
-    def __init__(self, data: bytes):
-        self._data = data
-        self._container = None
-
-    def __enter__(self):
-        import av
-
-        try:
-            self._container = av.open(io.BytesIO(self._data), mode="r", metadata_errors="ignore")
-        except Exception as error:  # FFmpeg's many error kinds all mean "not usable"
-            raise VideoError(
-                f"video bytes could not be read ({error}); send {ACCEPTED_NAMES}"
-            ) from None
-        container = self._container
-        if container.format.name not in ACCEPTED_CONTAINERS:
-            self._container.close()
-            raise VideoError(
-                f"{container.format.name!r} is not an accepted container; send {ACCEPTED_NAMES}"
-            )
-        if not container.streams.video:
-            self._container.close()
-            raise VideoError(f"the file holds no video stream; send {ACCEPTED_NAMES}")
-        stream = container.streams.video[0]
-        stream.thread_type = "SLICE"  # deterministic output, frames in order
-        return container, stream
-
-    def __exit__(self, kind, error, traceback) -> bool:
-        self._container.close()
-        if error is None or isinstance(error, VideoError):
-            return False
-        import av
-
-        if isinstance(error, (av.FFmpegError, ValueError, OSError)):
-            raise VideoError(
-                f"video bytes could not be decoded ({error}); send {ACCEPTED_NAMES}"
-            ) from None
-        return False
-
-
-def _check_complete(container, stream, num_frames: int, fps: float) -> None:
-    """Refuses a file whose frames stop well before the duration its header declares
-    (a download cut short): decoding it would silently give part of the video."""
-    if stream.duration is not None and stream.time_base:
-        declared = float(stream.duration * stream.time_base)
-    elif container.duration is not None:
-        declared = container.duration / 1_000_000  # AV_TIME_BASE
-    else:
-        return
-    if (num_frames + 1) / fps < declared * MIN_DECLARED_SHARE:
-        raise VideoError(
-            f"the video holds {num_frames / fps:.2f} s of frames but declares "
-            f"{declared:.2f} s: it is truncated; send the whole file"
-        )
-
-
-def _frame_rate(stream) -> float:
-    rate = stream.average_rate or stream.base_rate or stream.guessed_rate
-    fps = float(rate) if rate else 0.0
-    if not MIN_FPS <= fps <= MAX_FPS:
-        raise VideoError(f"the video's frame rate {fps:g} is not usable; send {ACCEPTED_NAMES}")
-    return fps
-
-
-def _check_deadline(deadline: float, limits: VideoLimits) -> None:
-    if time.monotonic() > deadline:
-        raise VideoError(
-            "the video took too long to read (--max-video-decode-seconds); send a shorter clip"
-        )

@@ -23,6 +23,7 @@ resized to 56 x 56, grid (4, 4, 4), 4 * 4 * 4 / 4 = 16 rows, second_per_grid_t =
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -164,13 +165,16 @@ class QwenVideo:
     def pixel_values(self, videos: Sequence[DecodedVideo]) -> tuple[torch.Tensor, torch.Tensor]:
         """The processor's `pixel_values_videos` and `video_grid_thw` of the frames as
         sampled (no resampling), checked against the grids the prompt was placed with."""
-        processed = self._video(
-            videos=[video.frames for video in videos],
-            video_metadata=[video.metadata() for video in videos],
-            do_sample_frames=False,
-            cap_pixels_per_frame=False,
-            return_tensors="pt",
-        )
+        with warnings.catch_warnings():
+            # The frames are read-only (what was hashed); the processor only reads them.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            processed = self._video(
+                videos=[video.frames for video in videos],
+                video_metadata=[video.metadata() for video in videos],
+                do_sample_frames=False,
+                cap_pixels_per_frame=False,
+                return_tensors="pt",
+            )
         grids = processed["video_grid_thw"]
         for video, grid in zip(videos, grids.tolist(), strict=True):
             expected = list(self.layout(video).grid_thw)

@@ -36,8 +36,9 @@ from tessera.testbed.reference import (
     to_chat_inputs,
 )
 from tessera.testbed.video_files import claiming_frame_size, make_video, no_frames
-from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
+from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
 from tessera.video import VideoLimits
+from tessera.wire import range_to_proto
 
 FAMILIES = ["qwen2.5-vl", "qwen3-vl"]
 MAX_NEW_TOKENS = 8
@@ -263,3 +264,42 @@ def test_a_chunks_slices_on_one_encoder_come_in_one_call(stack):
     assert fetched[0].num_embedding_rows == sum(r.range.length for r in ranges)
     assert after.num_slice_calls - before.num_slice_calls == 1
     assert after.num_items_computed == before.num_items_computed
+
+
+def test_a_batch_missing_an_item_falls_back_to_slice_by_slice(stack):
+    """Straight to the decoder, so no gateway Encode runs first: one chunk holds a video
+    the encoder has and one it has never seen. The batched call is refused (NOT_FOUND);
+    each slice is then fetched on its own: the held video's rows are served, the new
+    one is sent to be encoded once, and the tokens are generate()'s."""
+    held, new = VIDEOS["short"], Video(make_video(12, 4.0, 96, 80, "mov", seed=9))
+    prompt = [("user", [held, "versus", new, "which moves more?"])]
+    expected = stack.reference.generate(prompt, MAX_NEW_TOKENS)
+    with Client(stack.gateway) as client:  # the held video, encoded without a salt
+        client.complete([Message("user", [held, "Hello."])], greedy())
+    built = stack.builder.build(to_chat_inputs(prompt))
+    request = decoder_pb2.DecodeRequest(
+        request_id="fallback",
+        prompt_token_ids=built.token_ids,
+        items=[
+            decoder_pb2.MediaSource(
+                range=range_to_proto(item.range),
+                encoder_addresses=[stack.cluster.address("encoder")],
+                data=item.data,
+                processing_options=item.options.as_dict(),
+            )
+            for item in built.items
+        ],
+        sampling=greedy(),
+        max_chunk_tokens=2048,
+    )
+    before = encoder_stats(stack)
+    with grpc.insecure_channel(stack.cluster.address("decoder")) as channel:
+        responses = list(
+            decoder_pb2_grpc.DecoderServiceStub(channel).Generate(request, timeout=120)
+        )
+    after = encoder_stats(stack)
+    tokens = [t for r in responses if r.HasField("tokens") for t in r.tokens.token_ids]
+    assert_greedy_match(tokens, expected, f"{stack.name} fallback")
+    assert after.num_items_computed == before.num_items_computed + 1, "only the new video"
+    # The refused batch, then at least one call per range.
+    assert after.num_slice_calls - before.num_slice_calls >= 1 + len(built.items)
