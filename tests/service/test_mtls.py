@@ -161,6 +161,9 @@ def test_each_method_refuses_the_roles_that_may_not_call_it(stack, certs):
         ("client", "GetEmbeddingSlices"): lambda: encoder_stub(
             stack, roles["client"]
         ).GetEmbeddingSlices(slices, timeout=10),
+        ("client", "GetEmbeddingRows"): lambda: list(
+            encoder_stub(stack, roles["client"]).GetEmbeddingRows(slices, timeout=10)
+        ),
         ("encoder", "Encode"): lambda: encoder_stub(stack, roles["encoder"]).Encode(
             encoder_pb2.EncodeRequest(), timeout=10
         ),
@@ -186,6 +189,9 @@ def test_the_roles_a_method_names_get_through(stack, certs):
     assert stats.ByteSize() > 0
     released = encoder_pb2.ReleaseLeasesRequest(lease_owner="nobody")
     encoder_stub(stack, roles["gateway"]).ReleaseLeases(released, timeout=10)
+    # The decoder's way of reading rows (an empty call: nothing to stream, but let through).
+    nothing = encoder_pb2.GetEmbeddingSlicesRequest()
+    assert list(encoder_stub(stack, roles["decoder"]).GetEmbeddingRows(nothing, timeout=10)) == []
     decoder_stats = decoder_pb2.GetDecoderStatsRequest()
     decoder_stub(stack, roles["client"]).GetStats(decoder_stats, timeout=10)  # any caller
     stream = decoder_stub(stack, roles["gateway"]).Generate(decode_request(3), timeout=60)
