@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import sys
+import threading
 
 import torch
 
@@ -28,22 +30,79 @@ from tessera.tensor_codec import CodecError, check_block, itemsize, parse_dtype
 from tessera.v1 import encoder_pb2
 
 # Buffers from this size on are mapped with transparent huge pages where the kernel
-# offers them (`madvise` mode): touching fresh 4 KiB pages one fault at a time cost more
-# than the copy itself (a fresh 32 MiB buffer: ~13 ms to fill in 4 KiB pages, ~2 ms in
-# 2 MiB ones, ~1.2 ms reused). Below it torch.empty, whose small blocks malloc reuses.
+# offers them (`madvise` mode), and used again once nothing holds their rows: touching
+# fresh pages costs more than the copy into them (filling a 32 MiB buffer here: ~13 ms
+# in fresh 4 KiB pages, ~2 ms in fresh 2 MiB ones, ~1.2 ms reused). Below it torch.empty,
+# whose small blocks malloc reuses.
 HUGE_PAGE_BYTES = 2 << 20
+# Most bytes of large buffers kept for use again, busy or idle; past it a buffer is
+# unmapped when its rows are freed.
+MAX_RECYCLED_BYTES = 64 << 20
 
 
-def empty_bytes(num_bytes: int) -> torch.Tensor:
-    """An uninitialised uint8 tensor of `num_bytes`; a large one in huge pages if it can."""
-    if num_bytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(num_bytes, dtype=torch.uint8)
+class RecycledBuffers:
+    """Large anonymous mappings handed out as uint8 tensors, each handed out again only
+    once every tensor on it is gone. A tensor made by torch.frombuffer holds a reference
+    to its mapping until its storage (every view of it) is freed, so a mapping that only
+    this pool references holds nobody's rows."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._mappings: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        self.num_reused = 0
+
+    def take(self, num_bytes: int) -> torch.Tensor:
+        """`num_bytes` uninitialised bytes on a free mapping of at most twice that size,
+        or on a new one."""
+        with self._lock:
+            memory = self._free(num_bytes)
+            if memory is None:
+                memory = _huge_mapping(-(-num_bytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES)
+                self._keep(memory)
+            else:
+                self.num_reused += 1
+            return torch.frombuffer(memory, dtype=torch.uint8, count=num_bytes)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(len(memory) for memory in self._mappings)
+
+    def _free(self, num_bytes: int) -> mmap.mmap | None:
+        best = None
+        for memory in self._mappings:
+            # References: the list, `memory` and getrefcount's argument; a tensor adds one.
+            fits = num_bytes <= len(memory) <= 2 * num_bytes
+            if fits and sys.getrefcount(memory) == 3 and (best is None or len(memory) < len(best)):
+                best = memory
+        return best
+
+    def _keep(self, new: mmap.mmap) -> None:
+        """Keeps `new` for use again, dropping idle mappings (largest first) to stay within
+        max_bytes; if the busy ones leave no room, `new` is not kept."""
+        idle = sorted((m for m in self._mappings if sys.getrefcount(m) == 3), key=len, reverse=True)
+        while idle and self.num_bytes + len(new) > self.max_bytes:
+            self._mappings.remove(idle.pop(0))
+        if self.num_bytes + len(new) <= self.max_bytes:
+            self._mappings.append(new)
+
+
+def _huge_mapping(num_bytes: int) -> mmap.mmap:
     # Private: a shared anonymous mapping is shmem, where huge pages are another setting.
-    # Unmapped when the tensor is freed (the tensor holds the mmap object).
     memory = mmap.mmap(-1, num_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with contextlib.suppress(OSError):  # no transparent huge pages: 4 KiB ones, as before
         memory.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(memory, dtype=torch.uint8)
+    return memory
+
+
+_LARGE_BUFFERS = RecycledBuffers(MAX_RECYCLED_BYTES)
+
+
+def empty_bytes(num_bytes: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor of `num_bytes`; a large one on a recycled mapping."""
+    if num_bytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(num_bytes, dtype=torch.uint8)
+    return _LARGE_BUFFERS.take(num_bytes)
 
 
 class SliceStreamError(RuntimeError):

@@ -6,6 +6,7 @@ GetEmbeddingRows)."""
 from __future__ import annotations
 
 import gc
+import itertools
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from decoder_service.row_assembly import (
     HUGE_PAGE_BYTES,
     BatchAssembler,
+    RecycledBuffers,
     RowAssembler,
     SliceStreamError,
     empty_bytes,
@@ -270,3 +272,40 @@ def test_a_batch_without_slices_is_a_programming_error():
         BatchAssembler([], WIDTH)
     with pytest.raises(ValueError):
         BatchAssembler([(HASH, 3, 3)], WIDTH)
+
+
+def test_a_large_buffer_is_used_again_only_once_every_view_of_it_is_gone():
+    pool = RecycledBuffers(16 * HUGE_PAGE_BYTES)
+    first = pool.take(3 * HUGE_PAGE_BYTES)
+    rows = first.view(torch.float32)[10:20]  # a view, as FetchedRows.rows are
+    del first
+    second = pool.take(3 * HUGE_PAGE_BYTES)  # the first's rows are alive: a new mapping
+    assert second.data_ptr() != rows.data_ptr() - 40
+    assert pool.num_reused == 0 and pool.num_bytes == 6 * HUGE_PAGE_BYTES
+    rows.fill_(7)
+    second.fill_(1)
+    assert (rows == 7).all()
+    del rows
+    gc.collect()
+    third = pool.take(2 * HUGE_PAGE_BYTES + 1)  # fits the first mapping, now free
+    assert pool.num_reused == 1 and pool.num_bytes == 6 * HUGE_PAGE_BYTES
+    assert third.numel() == 2 * HUGE_PAGE_BYTES + 1
+    assert pool.take(HUGE_PAGE_BYTES).numel() == HUGE_PAGE_BYTES  # 3x too big to reuse
+    assert pool.num_reused == 1
+
+
+def test_the_pool_keeps_at_most_its_bytes_dropping_idle_mappings_first():
+    pool = RecycledBuffers(4 * HUGE_PAGE_BYTES)
+    busy = pool.take(2 * HUGE_PAGE_BYTES)
+    pool.take(2 * HUGE_PAGE_BYTES)  # freed at once: idle
+    assert pool.num_bytes == 4 * HUGE_PAGE_BYTES
+    other = pool.take(HUGE_PAGE_BYTES - 1)  # the idle mapping is more than twice that
+    assert pool.num_reused == 0
+    assert pool.num_bytes == 3 * HUGE_PAGE_BYTES  # the new one replaced the idle one
+    beyond = pool.take(3 * HUGE_PAGE_BYTES)  # every kept mapping busy, no room: not kept
+    assert pool.num_bytes == 3 * HUGE_PAGE_BYTES
+    for tensor in (busy, other, beyond):
+        tensor.fill_(3)  # all usable, none overlapping another
+    assert (busy == 3).all() and (other == 3).all() and (beyond == 3).all()
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel()) for t in (busy, other, beyond))
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
