@@ -87,7 +87,8 @@ def rpc_error(call) -> grpc.RpcError:
 
 def test_a_request_over_every_hop_answers_like_the_model(stack, certs, reference):
     """gateway -> encoder (Encode), gateway -> decoder (Generate), decoder -> encoder
-    (GetEmbeddingSlices), each hop under mutual TLS and the role checks."""
+    (GetEmbeddingRows, GetEmbeddingSlices if it falls back), each hop under mutual TLS
+    and the role checks."""
     expected = reference.generate(PROMPT, MAX_NEW_TOKENS)
     messages = [Message(role, parts) for role, parts in PROMPT]
     sampling = common_pb2.SamplingParams(max_tokens=MAX_NEW_TOKENS)
@@ -97,6 +98,8 @@ def test_a_request_over_every_hop_answers_like_the_model(stack, certs, reference
     assert_greedy_match(done.token_ids, expected, "mtls")
     assert done.stats.num_items_computed == 1  # the encoder computed it
     assert done.stats.decoder.num_embedding_bytes > 0  # the decoder fetched its rows
+    # Not refused the batched read (a refusal would only show as a slower fallback).
+    assert "GetEmbeddingRows: caller" not in stack.log_text("encoder")
     for name in SERVICES:
         assert "address=" in stack.log_text(name) and "transport=mtls" in stack.log_text(name)
 
