@@ -325,7 +325,7 @@ ENCODER_METRICS: tuple[StatField, ...] = (
     ),
     (
         "tessera_encoder_slice_calls_total",
-        "GetEmbeddingSlices calls answered",
+        "GetEmbeddingSlices and GetEmbeddingRows calls answered",
         "counter",
         "num_slice_calls",
     ),
