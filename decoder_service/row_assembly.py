@@ -143,10 +143,6 @@ class RowAssembler:
         self.num_bytes += len(data)
         return len(data)
 
-    @property
-    def complete(self) -> bool:
-        return self.next_row == self.row_end
-
     def finish(self) -> torch.Tensor:
         """The `[row_end - row_start, row_width]` rows; raises SliceStreamError unless
         every row arrived."""
