@@ -1,11 +1,17 @@
 """Embedding slices over gRPC against raw loopback TCP carrying the same bytes.
 
-Three readers take the same number of bytes from another process on this machine:
-- `grpc stream`: a plain gRPC client reading GetEmbeddingSlices from an encoder;
-- `decoder client`: the decoder's own EmbeddingClient (asyncio, rows assembled into a
-  tensor), one fetch per slice, all of a request's slices concurrently;
+Five readers take the same number of bytes from another process on this machine:
+- `grpc stream`: a plain gRPC client reading GetEmbeddingSlices from an encoder, each
+  message parsed by protobuf (the per-slice protocol, and the decoder's fallback);
+- `grpc rows stream`: a plain gRPC client reading the same slices with GetEmbeddingRows
+  as bytes, finding each message's rows without copying them (nothing assembled);
+- `decoder client`: the decoder's own EmbeddingClient, `fetch_chunk` of all the slices
+  as one chunk (asyncio; one GetEmbeddingRows call, rows assembled into one buffer), one
+  client and channel for every run, as a decoder keeps them;
+- `decoder client, new channel`: the same with a new client, channel and event loop per
+  run (how this suite measured it until 2026-12-05: connecting counts);
 - `raw TCP`: a socket reading what a bare server process writes in 1 MiB sends.
-Runs interleave (A B C A B C ...); the median of each is reported.
+Runs interleave (A B C D E A B C D E ...); the median of each is reported.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from tessera.hashing import model_fingerprint
 from tessera.media import decode_image
 from tessera.placeholders import ChunkSlice, Modality, PlaceholderRange
 from tessera.replicas import ReplicaSet
+from tessera.row_stream import decode_rows_message
 from tessera.server import GRPC_OPTIONS
 from tessera.testbed.reference import noise_image
 from tessera.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
@@ -78,17 +85,49 @@ def _grpc_stream(stub, request: encoder_pb2.GetEmbeddingSlicesRequest, num_bytes
     return time.perf_counter() - started
 
 
+def _grpc_rows_stream(channel, request: encoder_pb2.GetEmbeddingSlicesRequest, num_bytes: int):
+    get_rows = channel.unary_stream(
+        "/tessera.v1.EncoderService/GetEmbeddingRows",
+        request_serializer=encoder_pb2.GetEmbeddingSlicesRequest.SerializeToString,
+    )
+    started = time.perf_counter()
+    received = sum(len(decode_rows_message(m)[1]) for m in get_rows(request, timeout=60))
+    if received != num_bytes:
+        raise RuntimeError(f"expected {num_bytes} bytes, got {received}")
+    return time.perf_counter() - started
+
+
 def _decoder_client(item: MediaSource, num_copies: int, hidden_size: int) -> float:
-    async def fetch() -> float:
+    """One fetch by a new client on a new channel (connection set-up included)."""
+    client = _DecoderClient(item, num_copies, hidden_size)
+    try:
+        return client.run()
+    finally:
+        client.close()
+
+
+class _DecoderClient:
+    """The decoder's client as the decoder keeps it: one event loop and one channel for
+    every fetch (the warm-up run connects)."""
+
+    def __init__(self, item: MediaSource, num_copies: int, hidden_size: int):
+        self.loop = asyncio.new_event_loop()
         # The decoder dials only encoders it discovered: here, the one the item names.
-        encoders = ReplicaSet("encoder", item.encoder_addresses, ChannelPool())
-        client = EmbeddingClient(encoders, hidden_size, 60_000, 60.0)
+        self.pool = ChannelPool()
+        encoders = ReplicaSet("encoder", item.encoder_addresses, self.pool)
+        self.client = EmbeddingClient(encoders, hidden_size, 60_000, 60.0)
+        self.items = [item] * num_copies
         whole = ChunkSlice(0, item.range.content_hash, 0, 0, item.range.length)
+        self.slices = [whole] * num_copies
+
+    def run(self) -> float:
         started = time.perf_counter()
-        await client.fetch_chunk("wire-bench", [item] * num_copies, [whole] * num_copies)
+        self.loop.run_until_complete(self.client.fetch_chunk("wire-bench", self.items, self.slices))
         return time.perf_counter() - started
 
-    return asyncio.run(fetch())
+    def close(self) -> None:
+        self.loop.run_until_complete(self.pool.close())
+        self.loop.close()
 
 
 def measure(
@@ -119,11 +158,14 @@ def measure(
         PlaceholderRange(Modality.IMAGE, content_hash, 0, rows), (encoder_address,), image
     )
     server = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+    kept = _DecoderClient(item, num_copies, hidden)
     try:
         port = int(server.stdout.readline())
         runs = {
             "grpc stream": lambda: _grpc_stream(stub, request, num_bytes),
-            "decoder client": lambda: _decoder_client(item, num_copies, hidden),
+            "grpc rows stream": lambda: _grpc_rows_stream(channel, request, num_bytes),
+            "decoder client": kept.run,
+            "decoder client, new channel": lambda: _decoder_client(item, num_copies, hidden),
             "raw TCP": lambda: _raw_tcp(port, num_bytes),
         }
         for run in runs.values():
@@ -135,6 +177,7 @@ def measure(
                 seconds[name].append(run())
                 progress.advance()
     finally:
+        kept.close()
         server.kill()
         server.wait()
         channel.close()

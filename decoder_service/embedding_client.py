@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ import grpc
 import torch
 
 from decoder_service.request import MediaSource
-from decoder_service.row_assembly import RowAssembler, SliceStreamError
+from decoder_service.row_assembly import BatchAssembler, RowAssembler, SliceStreamError
 from tessera.channels import ChannelPoolFullError
 from tessera.placeholders import ChunkSlice
 from tessera.rendezvous import encoder_order
@@ -81,6 +82,12 @@ MAX_BATCH_SLICES = 256
 MAX_BATCH_BYTES = 64 << 20
 
 
+# How long an encoder that answered GetEmbeddingRows with UNIMPLEMENTED (an older
+# version) is asked slice by slice instead, before it is tried again.
+ROWS_UNIMPLEMENTED_SECONDS = 60.0
+_GET_ROWS = "/tessera.v1.EncoderService/GetEmbeddingRows"
+
+
 class _NotKeptError(RuntimeError):
     """An encoder lost an item between encoding it and serving its rows."""
 
@@ -130,6 +137,8 @@ class EmbeddingClient:
         self.num_bytes_received = 0
         # (encoder address, content_hash) -> Encode call in flight, shared by every fetch
         self._reencodes: dict[tuple[str, str], asyncio.Future] = {}
+        # encoder address -> when it answered GetEmbeddingRows with UNIMPLEMENTED
+        self._rows_unimplemented: dict[str, float] = {}
 
     def require_encoders(self) -> None:
         """Raises FetchError unless some encoder is known to fetch media rows from."""
@@ -150,22 +159,19 @@ class EmbeddingClient:
     async def fetch_chunk(
         self, request_id: str, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
     ) -> list[FetchedRows]:
-        """The rows of every slice of one chunk: one call per encoder for all the slices
-        it is first choice for (per-call costs dominate small slices), concurrently.
-        A batch that fails in any way is fetched again slice by slice, with the whole
-        recovery path (re-encode, next replica, refusal) per item."""
-        if self.colocated is not None or self.fetch_whole or len(slices) < 2:
+        """The rows of every slice of one chunk: one GetEmbeddingRows call per encoder
+        for all the slices it is first choice for (per-call and per-message costs
+        dominate), concurrently. A batch that fails in any way is fetched again slice by
+        slice, with the whole recovery path (re-encode, next replica, refusal) per item."""
+        if self.colocated is not None or self.fetch_whole:
             return await self._fetch_each(request_id, items, range(len(slices)), slices)
         self.require_encoders()
         results: list[FetchedRows | None] = [None] * len(slices)
 
         async def fetch_batch(address: str, indices: list[int]) -> None:
-            try:
-                fetched = await self._stream_batch(address, request_id, items, slices, indices)
-            except _BATCH_FAILURES as error:
-                log.info(
-                    "batched fetch from %s failed (%s); fetching slice by slice", address, error
-                )
+            if self._has_rows_rpc(address):
+                fetched = await self._fetch_batch(address, request_id, items, slices, indices)
+            else:
                 fetched = await self._fetch_each(request_id, items, indices, slices)
             for index, rows in zip(indices, fetched, strict=True):
                 results[index] = rows
@@ -174,6 +180,25 @@ class EmbeddingClient:
         if any(rows is None for rows in results):
             raise AssertionError("a batch left a slice unfetched")
         return list(results)
+
+    async def _fetch_batch(
+        self,
+        address: str,
+        request_id: str,
+        items: Sequence[MediaSource],
+        slices: Sequence[ChunkSlice],
+        indices: list[int],
+    ) -> list[FetchedRows]:
+        try:
+            return await self._stream_batch(address, request_id, items, slices, indices)
+        except _BATCH_FAILURES as error:
+            if (
+                isinstance(error, grpc.aio.AioRpcError)
+                and error.code() == grpc.StatusCode.UNIMPLEMENTED
+            ):
+                self._rows_unimplemented[address] = time.monotonic()
+            log.info("batched fetch from %s failed (%s); fetching slice by slice", address, error)
+        return await self._fetch_each(request_id, items, indices, slices)
 
     async def _fetch_each(
         self,
@@ -190,6 +215,16 @@ class EmbeddingClient:
                 )
             )
         )
+
+    def _has_rows_rpc(self, address: str) -> bool:
+        """False for a while after `address` answered GetEmbeddingRows with UNIMPLEMENTED."""
+        since = self._rows_unimplemented.get(address)
+        if since is None:
+            return True
+        if time.monotonic() - since < ROWS_UNIMPLEMENTED_SECONDS:
+            return False
+        del self._rows_unimplemented[address]
+        return True
 
     def _batches(
         self, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
@@ -312,11 +347,10 @@ class EmbeddingClient:
         slices: Sequence[ChunkSlice],
         indices: Sequence[int],
     ) -> list[FetchedRows]:
-        """Every slice of `indices` from `address` in one call: the encoder streams them
-        in request order, each slice's rows before the next one's."""
+        """Every slice of `indices` from `address` in one GetEmbeddingRows call: the
+        encoder streams their rows in request order, back to back, into one buffer."""
         if not address:
             raise UnknownReplicaError("no encoder to ask")
-        stub = encoder_pb2_grpc.EncoderServiceStub(self.encoders.channel(address))
         wanted = [slices[i] for i in indices]
         request = encoder_pb2.GetEmbeddingSlicesRequest(
             slices=[
@@ -331,23 +365,29 @@ class EmbeddingClient:
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )
-        assemblers = [
-            RowAssembler(s.content_hash, s.row_start, s.row_end, self.row_width) for s in wanted
-        ]
-        current = 0
-        call = stub.GetEmbeddingSlices(request, timeout=self.timeout_seconds)
+        rows = BatchAssembler(
+            [(s.content_hash, s.row_start, s.row_end) for s in wanted], self.row_width
+        )
+        # No response deserializer: the messages arrive as bytes, and only their rows are
+        # copied, once, into the buffer (tessera.row_stream).
+        get_rows = self.encoders.channel(address).unary_stream(
+            _GET_ROWS,
+            request_serializer=encoder_pb2.GetEmbeddingSlicesRequest.SerializeToString,
+            _registered_method=True,
+        )
+        call = get_rows(request, timeout=self.timeout_seconds)
         try:
             async for message in call:
-                while current < len(assemblers) - 1 and assemblers[current].complete:
-                    current += 1
-                self.num_bytes_received += assemblers[current].add(message)
-            return [
-                FetchedRows(s, rows.finish(), rows.num_bytes, False)
-                for s, rows in zip(wanted, assemblers, strict=True)
-            ]
+                self.num_bytes_received += rows.add(message)
+            parts = rows.finish()
         except SliceStreamError:
-            call.cancel()
+            call.cancel()  # or the encoder streams on into the window, for nothing
             raise
+        row_bytes = rows.num_bytes // rows.total_rows
+        return [
+            FetchedRows(s, part, part.shape[0] * row_bytes, False)
+            for s, part in zip(wanted, parts, strict=True)
+        ]
 
     async def _stream_rows(
         self,

@@ -34,6 +34,7 @@ ENCODER_ACCESS = AccessRules(
     {
         "Encode": frozenset({"gateway", "decoder"}),
         "GetEmbeddingSlices": frozenset({"decoder", "gateway"}),
+        "GetEmbeddingRows": frozenset({"decoder", "gateway"}),
         "ReleaseLeases": frozenset({"decoder", "gateway"}),
         "GetStats": frozenset({ANY_CALLER}),
     },
@@ -153,13 +154,13 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
         "--max-slices-per-call",
         type=int,
         default=1024,
-        help="most row slices one GetEmbeddingSlices may ask for",
+        help="most row slices one GetEmbeddingSlices or GetEmbeddingRows call may ask for",
     )
     parser.add_argument(
         "--max-slice-bytes-per-call",
         type=int,
         default=256 << 20,
-        help="most embedding bytes one GetEmbeddingSlices may ask for",
+        help="most embedding bytes one GetEmbeddingSlices or GetEmbeddingRows call may ask for",
     )
     parser.add_argument(
         "--max-batch-items", type=int, default=16, help="most items in one encoder forward"

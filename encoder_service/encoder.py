@@ -279,7 +279,8 @@ class EncoderCore:
         """The rows of each request: from memory, an encode in flight, or Redis (only the
         rows asked for). Raises UnknownItemError for an item found nowhere, ValueError for
         rows outside the item or past `max_bytes` in all; nothing is streamed until every
-        request is resolved, so the bound holds for what the call materialises."""
+        request is resolved, so the bound holds for what the call materialises (and
+        twice it for what it keeps alive: `_served_rows`). A block's data may be a view."""
         blocks = []
         num_bytes = 0
         for request in requests:
@@ -314,7 +315,7 @@ class EncoderCore:
                     f"rows [{request.start}, {request.end}) are outside item {name}, "
                     f"which has rows [0, {block.num_rows})"
                 )
-            return block.rows(request.start, request.end)
+            return _served_rows(block, request.start, request.end)
         rows = await self.shared.get_rows(name, request.start, request.end) if self.shared else None
         if rows is None:
             self.counters.num_slice_misses += 1
@@ -393,6 +394,18 @@ class EncoderCore:
             f"content hash {item.content_hash} does not match the item's content; "
             "do the gateway and encoder serve the same model?"
         )
+
+
+def _served_rows(block: RowBlock, start: int, end: int) -> RowBlock:
+    """Rows `[start, end)` of a cached item for a slice call: a view when they are at
+    least half of the item, a copy when fewer. A call holds its rows until it has streamed
+    them, so views keep evicted items alive no longer than that, and never more than
+    twice the bytes the call asked for (--max-slice-bytes-per-call bounds those)."""
+    if start == 0 and end == block.num_rows:
+        return block
+    if 2 * (end - start) >= block.num_rows:
+        return block.view_rows(start, end)
+    return block.rows(start, end)
 
 
 def _check_row_count(request: RowRequest, num_rows: int | None) -> None:

@@ -12,7 +12,7 @@ from encoder_service.hash_trust import HashTrust
 from encoder_service.memory_store import MemoryStore
 from encoder_service.redis_connection import redis_settings
 from encoder_service.redis_format import RowShape
-from encoder_service.servicer import CallLimits, EncoderServicer, metric_readings
+from encoder_service.servicer import CallLimits, EncoderServicer, add_to_server, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.compute_thread import compute_thread, set_torch_threads
 from tessera.logs import configure_logging
@@ -20,7 +20,6 @@ from tessera.metrics import new_registry, serve_metrics
 from tessera.server import serve, service_spec
 from tessera.startup_flags import HelpFormatter
 from tessera.tensor_codec import dtype_name
-from tessera.v1 import encoder_pb2_grpc
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -96,7 +95,7 @@ async def run(config: EncoderConfig) -> None:
     spec = service_spec("encoder", config)
     await serve(
         spec,
-        lambda server: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, server),
+        lambda server: add_to_server(servicer, server),
         load,
     )
 

@@ -280,7 +280,8 @@ def rows_from_groups(
     if offset < 0 or (end - start + offset) * header.row_bytes > len(group_bytes):
         raise CodecError(f"rows [{start}, {end}) are not inside the groups given")
     row_bytes = header.row_bytes
-    data = group_bytes[offset * row_bytes : (offset + end - start) * row_bytes]
+    # A view: the groups are this read's own, at most a group's rows more on either side.
+    data = memoryview(group_bytes)[offset * row_bytes : (offset + end - start) * row_bytes]
     return RowBlock(header.dtype, end - start, header.hidden_size, data)
 
 

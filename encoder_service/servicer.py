@@ -22,10 +22,13 @@ from tessera.access import caller_name
 from tessera.limits import check_cache_salt, check_request_id
 from tessera.media import ProcessingOptions
 from tessera.metrics import StatField, readings_from
+from tessera.row_stream import encode_rows_message
 from tessera.server import abort_unless_ready
+from tessera.tensor_codec import RowBlock
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 from tessera.wire import fill_block_proto, modality_from_proto
 
+SERVICE = "tessera.v1.EncoderService"
 _SOURCE_TO_PROTO = {
     Source.COMPUTED: encoder_pb2.ENCODE_SOURCE_COMPUTED,
     Source.MEMORY: encoder_pb2.ENCODE_SOURCE_MEMORY,
@@ -97,9 +100,9 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
             ]
         )
 
-    async def GetEmbeddingSlices(
-        self, request, context
-    ) -> AsyncIterator[encoder_pb2.EmbeddingSlice]:
+    async def _resolve(self, request, context) -> tuple[list[RowRequest], list[RowBlock]]:
+        """The rows a slice call asks for, within this encoder's per-call bounds; aborts
+        the call with NOT_FOUND or INVALID_ARGUMENT otherwise."""
         await abort_unless_ready(context, self.core is not None)
         self.core.counters.num_slice_calls += 1
         requests = [
@@ -120,6 +123,12 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
         except ValueError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        return requests, blocks
+
+    async def GetEmbeddingSlices(
+        self, request, context
+    ) -> AsyncIterator[encoder_pb2.EmbeddingSlice]:
+        requests, blocks = await self._resolve(request, context)
         for row_request, block in zip(requests, blocks, strict=True):
             rows_per_message = max(1, self.slice_message_bytes // block.row_bytes)
             for first in range(0, block.num_rows, rows_per_message):
@@ -131,6 +140,42 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
                 fill_block_proto(message.rows, part)  # in place: no second copy of the rows
                 yield message
 
+    async def GetEmbeddingRows(self, request, context) -> AsyncIterator[bytes]:
+        """Yields serialized EmbeddingRows messages (registered with a pass-through
+        serializer, `add_to_server`): each joins its rows straight from the blocks."""
+        _, blocks = await self._resolve(request, context)
+        if not blocks:
+            return
+        dtype, width = blocks[0].dtype, blocks[0].hidden_size
+        if any(b.dtype != dtype or b.hidden_size != width for b in blocks):
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "the slices' rows differ in dtype or width; ask for them in separate calls",
+            )
+        row_bytes = blocks[0].row_bytes
+        rows_per_message = max(1, self.slice_message_bytes // row_bytes)
+        views = [memoryview(block.data) for block in blocks]
+        first_row = 0  # of the message being filled, among all the rows asked for
+        parts: list[memoryview] = []
+        num_rows = 0
+        for view in views:
+            at = 0
+            while at < len(view):
+                take = min(len(view) - at, (rows_per_message - num_rows) * row_bytes)
+                parts.append(view[at : at + take])
+                at += take
+                num_rows += take // row_bytes
+                if num_rows == rows_per_message:
+                    yield self._rows_message(first_row, dtype, width, parts)
+                    first_row, parts, num_rows = first_row + num_rows, [], 0
+        if parts:
+            yield self._rows_message(first_row, dtype, width, parts)
+
+    def _rows_message(self, first_row: int, dtype: str, width: int, parts) -> bytes:
+        message = encode_rows_message(first_row, dtype, width, parts)
+        self.core.counters.num_bytes_served += sum(len(part) for part in parts)
+        return message
+
     async def ReleaseLeases(self, request, context):
         await abort_unless_ready(context, self.core is not None)
         released = self.core.release(request.lease_owner, list(request.content_hashes) or None)
@@ -139,6 +184,39 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
     async def GetStats(self, request, context):
         await abort_unless_ready(context, self.core is not None)
         return stats_to_proto(self.core)
+
+
+def _pass_through(message: bytes) -> bytes:
+    return message
+
+
+class _Handlers:
+    """Collects the method handlers the generated code registers."""
+
+    def __init__(self):
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass  # the same handlers as below
+
+    def add_registered_method_handlers(self, service: str, handlers) -> None:
+        self.handlers.update(handlers)
+
+
+def add_to_server(servicer: EncoderServicer, server: grpc.aio.Server) -> None:
+    """The generated registration, except that GetEmbeddingRows sends the bytes its
+    handler yields as they are (it serializes its messages itself: tessera.row_stream)."""
+    collected = _Handlers()
+    encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, collected)
+    handlers = dict(collected.handlers)
+    rows = handlers["GetEmbeddingRows"]
+    handlers["GetEmbeddingRows"] = grpc.unary_stream_rpc_method_handler(
+        rows.unary_stream,
+        request_deserializer=rows.request_deserializer,
+        response_serializer=_pass_through,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
 
 
 def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
@@ -247,7 +325,7 @@ ENCODER_METRICS: tuple[StatField, ...] = (
     ),
     (
         "tessera_encoder_slice_calls_total",
-        "GetEmbeddingSlices calls answered",
+        "GetEmbeddingSlices and GetEmbeddingRows calls answered",
         "counter",
         "num_slice_calls",
     ),

@@ -47,12 +47,14 @@ def parse_dtype(name: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class RowBlock:
-    """A 2-D block of rows as bytes: `data` holds `num_rows * hidden_size` elements."""
+    """A 2-D block of rows as bytes: `data` holds `num_rows * hidden_size` elements. It is
+    a memoryview where it is rows served out of a larger buffer without copying them
+    (`view_rows`); `bytes(block.data)` is the bytes either way."""
 
     dtype: str
     num_rows: int
     hidden_size: int
-    data: bytes
+    data: bytes | memoryview
 
     @property
     def row_bytes(self) -> int:
@@ -69,6 +71,15 @@ class RowBlock:
             self.hidden_size,
             self.data[start * row_bytes : end * row_bytes],
         )
+
+    def view_rows(self, start: int, end: int) -> RowBlock:
+        """Rows `[start, end)` as a view of this block's bytes: nothing copied, and this
+        block's bytes stay alive as long as the view does."""
+        if not 0 <= start < end <= self.num_rows:
+            raise CodecError(f"rows [{start}, {end}) outside [0, {self.num_rows})")
+        row_bytes = self.row_bytes
+        data = memoryview(self.data)[start * row_bytes : end * row_bytes]
+        return RowBlock(self.dtype, end - start, self.hidden_size, data)
 
 
 def encode_rows(tensor: torch.Tensor) -> RowBlock:

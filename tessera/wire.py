@@ -101,7 +101,8 @@ def fill_block_proto(message: common_pb2.TensorBytes, block: RowBlock) -> None:
     again (a 512 KiB block: ~10 us against ~80-500 us, mostly fresh pages)."""
     message.dtype = block.dtype
     message.shape[:] = [block.num_rows, block.hidden_size]
-    message.data = block.data
+    # protobuf takes bytes only; bytes() of bytes is the same object, not a copy.
+    message.data = block.data if type(block.data) is bytes else bytes(block.data)
 
 
 def block_from_proto(message: common_pb2.TensorBytes) -> RowBlock:

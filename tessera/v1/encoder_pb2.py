@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from tessera.v1 import common_pb2 as tessera_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tessera/v1/encoder.proto\x12\ntessera.v1\x1a\x17tessera/v1/common.proto\"w\n\rEncodeRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.tessera.v1.MediaItem\x12\x13\n\x0blease_owner\x18\x02 \x01(\t\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x04 \x01(\t\"\x83\x01\n\x0b\x45ncodedItem\x12\x14\n\x0c\x63ontent_hash\x18\x01 \x01(\t\x12\x10\n\x08num_rows\x18\x02 \x01(\r\x12\x13\n\x0bhidden_size\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12(\n\x06source\x18\x05 \x01(\x0e\x32\x18.tessera.v1.EncodeSource\"8\n\x0e\x45ncodeResponse\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.tessera.v1.EncodedItem\"S\n\x08RowSlice\x12\x14\n\x0c\x63ontent_hash\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\x12\x15\n\ritem_num_rows\x18\x04 \x01(\r\"h\n\x19GetEmbeddingSlicesRequest\x12$\n\x06slices\x18\x01 \x03(\x0b\x32\x14.tessera.v1.RowSlice\x12\x13\n\x0blease_owner\x18\x02 \x01(\t\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\"\\\n\x0e\x45mbeddingSlice\x12\x14\n\x0c\x63ontent_hash\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12%\n\x04rows\x18\x03 \x01(\x0b\x32\x17.tessera.v1.TensorBytes\"C\n\x14ReleaseLeasesRequest\x12\x13\n\x0blease_owner\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontent_hashes\x18\x02 \x03(\t\"-\n\x15ReleaseLeasesResponse\x12\x14\n\x0cnum_released\x18\x01 \x01(\r\"\x18\n\x16GetEncoderStatsRequest\"\xdd\x04\n\x0c\x45ncoderStats\x12\x1b\n\x13num_items_requested\x18\x01 \x01(\x04\x12\x1a\n\x12num_items_computed\x18\x02 \x01(\x04\x12\x17\n\x0fnum_memory_hits\x18\x03 \x01(\x04\x12\x1c\n\x14num_joined_in_flight\x18\x04 \x01(\x04\x12\x18\n\x10num_slice_misses\x18\x05 \x01(\x04\x12\x18\n\x10num_bytes_served\x18\x06 \x01(\x04\x12\x15\n\rnum_evictions\x18\x07 \x01(\x04\x12\x18\n\x10num_cached_items\x18\x08 \x01(\x04\x12\x18\n\x10num_cached_bytes\x18\t \x01(\x04\x12\x13\n\x0bnum_batches\x18\n \x01(\x04\x12\x16\n\x0enum_redis_hits\x18\x0b \x01(\x04\x12\x18\n\x10num_remote_waits\x18\x0c \x01(\x04\x12\x1b\n\x13num_corrupt_entries\x18\r \x01(\x04\x12\x18\n\x10num_redis_errors\x18\x0e \x01(\x04\x12\x10\n\x08\x64\x65graded\x18\x0f \x01(\x08\x12\x19\n\x11num_batched_items\x18\x10 \x01(\x04\x12\x16\n\x0emax_batch_size\x18\x11 \x01(\r\x12\x15\n\rredis_enabled\x18\x12 \x01(\x08\x12\x18\n\x10num_pinned_bytes\x18\x13 \x01(\x04\x12\x18\n\x10num_pins_refused\x18\x14 \x01(\x04\x12\x1b\n\x13num_hashes_verified\x18\x15 \x01(\x04\x12\x1a\n\x12num_hashes_trusted\x18\x16 \x01(\x04\x12\x17\n\x0fnum_slice_calls\x18\x17 \x01(\x04*\x96\x01\n\x0c\x45ncodeSource\x12\x1d\n\x19\x45NCODE_SOURCE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45NCODE_SOURCE_COMPUTED\x10\x01\x12\x18\n\x14\x45NCODE_SOURCE_MEMORY\x10\x02\x12\x18\n\x14\x45NCODE_SOURCE_JOINED\x10\x03\x12\x17\n\x13\x45NCODE_SOURCE_REDIS\x10\x04\x32\xcc\x02\n\x0e\x45ncoderService\x12?\n\x06\x45ncode\x12\x19.tessera.v1.EncodeRequest\x1a\x1a.tessera.v1.EncodeResponse\x12Y\n\x12GetEmbeddingSlices\x12%.tessera.v1.GetEmbeddingSlicesRequest\x1a\x1a.tessera.v1.EmbeddingSlice0\x01\x12T\n\rReleaseLeases\x12 .tessera.v1.ReleaseLeasesRequest\x1a!.tessera.v1.ReleaseLeasesResponse\x12H\n\x08GetStats\x12\".tessera.v1.GetEncoderStatsRequest\x1a\x18.tessera.v1.EncoderStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tessera/v1/encoder.proto\x12\ntessera.v1\x1a\x17tessera/v1/common.proto\"w\n\rEncodeRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.tessera.v1.MediaItem\x12\x13\n\x0blease_owner\x18\x02 \x01(\t\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x04 \x01(\t\"\x83\x01\n\x0b\x45ncodedItem\x12\x14\n\x0c\x63ontent_hash\x18\x01 \x01(\t\x12\x10\n\x08num_rows\x18\x02 \x01(\r\x12\x13\n\x0bhidden_size\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12(\n\x06source\x18\x05 \x01(\x0e\x32\x18.tessera.v1.EncodeSource\"8\n\x0e\x45ncodeResponse\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.tessera.v1.EncodedItem\"S\n\x08RowSlice\x12\x14\n\x0c\x63ontent_hash\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\x12\x15\n\ritem_num_rows\x18\x04 \x01(\r\"h\n\x19GetEmbeddingSlicesRequest\x12$\n\x06slices\x18\x01 \x03(\x0b\x32\x14.tessera.v1.RowSlice\x12\x13\n\x0blease_owner\x18\x02 \x01(\t\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\"\\\n\x0e\x45mbeddingSlice\x12\x14\n\x0c\x63ontent_hash\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12%\n\x04rows\x18\x03 \x01(\x0b\x32\x17.tessera.v1.TensorBytes\"R\n\rEmbeddingRows\x12\x11\n\tfirst_row\x18\x01 \x01(\x04\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x11\n\trow_width\x18\x03 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"C\n\x14ReleaseLeasesRequest\x12\x13\n\x0blease_owner\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontent_hashes\x18\x02 \x03(\t\"-\n\x15ReleaseLeasesResponse\x12\x14\n\x0cnum_released\x18\x01 \x01(\r\"\x18\n\x16GetEncoderStatsRequest\"\xdd\x04\n\x0c\x45ncoderStats\x12\x1b\n\x13num_items_requested\x18\x01 \x01(\x04\x12\x1a\n\x12num_items_computed\x18\x02 \x01(\x04\x12\x17\n\x0fnum_memory_hits\x18\x03 \x01(\x04\x12\x1c\n\x14num_joined_in_flight\x18\x04 \x01(\x04\x12\x18\n\x10num_slice_misses\x18\x05 \x01(\x04\x12\x18\n\x10num_bytes_served\x18\x06 \x01(\x04\x12\x15\n\rnum_evictions\x18\x07 \x01(\x04\x12\x18\n\x10num_cached_items\x18\x08 \x01(\x04\x12\x18\n\x10num_cached_bytes\x18\t \x01(\x04\x12\x13\n\x0bnum_batches\x18\n \x01(\x04\x12\x16\n\x0enum_redis_hits\x18\x0b \x01(\x04\x12\x18\n\x10num_remote_waits\x18\x0c \x01(\x04\x12\x1b\n\x13num_corrupt_entries\x18\r \x01(\x04\x12\x18\n\x10num_redis_errors\x18\x0e \x01(\x04\x12\x10\n\x08\x64\x65graded\x18\x0f \x01(\x08\x12\x19\n\x11num_batched_items\x18\x10 \x01(\x04\x12\x16\n\x0emax_batch_size\x18\x11 \x01(\r\x12\x15\n\rredis_enabled\x18\x12 \x01(\x08\x12\x18\n\x10num_pinned_bytes\x18\x13 \x01(\x04\x12\x18\n\x10num_pins_refused\x18\x14 \x01(\x04\x12\x1b\n\x13num_hashes_verified\x18\x15 \x01(\x04\x12\x1a\n\x12num_hashes_trusted\x18\x16 \x01(\x04\x12\x17\n\x0fnum_slice_calls\x18\x17 \x01(\x04*\x96\x01\n\x0c\x45ncodeSource\x12\x1d\n\x19\x45NCODE_SOURCE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45NCODE_SOURCE_COMPUTED\x10\x01\x12\x18\n\x14\x45NCODE_SOURCE_MEMORY\x10\x02\x12\x18\n\x14\x45NCODE_SOURCE_JOINED\x10\x03\x12\x17\n\x13\x45NCODE_SOURCE_REDIS\x10\x04\x32\xa4\x03\n\x0e\x45ncoderService\x12?\n\x06\x45ncode\x12\x19.tessera.v1.EncodeRequest\x1a\x1a.tessera.v1.EncodeResponse\x12Y\n\x12GetEmbeddingSlices\x12%.tessera.v1.GetEmbeddingSlicesRequest\x1a\x1a.tessera.v1.EmbeddingSlice0\x01\x12V\n\x10GetEmbeddingRows\x12%.tessera.v1.GetEmbeddingSlicesRequest\x1a\x19.tessera.v1.EmbeddingRows0\x01\x12T\n\rReleaseLeases\x12 .tessera.v1.ReleaseLeasesRequest\x1a!.tessera.v1.ReleaseLeasesResponse\x12H\n\x08GetStats\x12\".tessera.v1.GetEncoderStatsRequest\x1a\x18.tessera.v1.EncoderStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tessera.v1.encoder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENCODESOURCE']._serialized_start=1414
-  _globals['_ENCODESOURCE']._serialized_end=1564
+  _globals['_ENCODESOURCE']._serialized_start=1498
+  _globals['_ENCODESOURCE']._serialized_end=1648
   _globals['_ENCODEREQUEST']._serialized_start=65
   _globals['_ENCODEREQUEST']._serialized_end=184
   _globals['_ENCODEDITEM']._serialized_start=187
@@ -46,14 +46,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETEMBEDDINGSLICESREQUEST']._serialized_end=567
   _globals['_EMBEDDINGSLICE']._serialized_start=569
   _globals['_EMBEDDINGSLICE']._serialized_end=661
-  _globals['_RELEASELEASESREQUEST']._serialized_start=663
-  _globals['_RELEASELEASESREQUEST']._serialized_end=730
-  _globals['_RELEASELEASESRESPONSE']._serialized_start=732
-  _globals['_RELEASELEASESRESPONSE']._serialized_end=777
-  _globals['_GETENCODERSTATSREQUEST']._serialized_start=779
-  _globals['_GETENCODERSTATSREQUEST']._serialized_end=803
-  _globals['_ENCODERSTATS']._serialized_start=806
-  _globals['_ENCODERSTATS']._serialized_end=1411
-  _globals['_ENCODERSERVICE']._serialized_start=1567
-  _globals['_ENCODERSERVICE']._serialized_end=1899
+  _globals['_EMBEDDINGROWS']._serialized_start=663
+  _globals['_EMBEDDINGROWS']._serialized_end=745
+  _globals['_RELEASELEASESREQUEST']._serialized_start=747
+  _globals['_RELEASELEASESREQUEST']._serialized_end=814
+  _globals['_RELEASELEASESRESPONSE']._serialized_start=816
+  _globals['_RELEASELEASESRESPONSE']._serialized_end=861
+  _globals['_GETENCODERSTATSREQUEST']._serialized_start=863
+  _globals['_GETENCODERSTATSREQUEST']._serialized_end=887
+  _globals['_ENCODERSTATS']._serialized_start=890
+  _globals['_ENCODERSTATS']._serialized_end=1495
+  _globals['_ENCODERSERVICE']._serialized_start=1651
+  _globals['_ENCODERSERVICE']._serialized_end=2071
 # @@protoc_insertion_point(module_scope)

@@ -85,6 +85,18 @@ class EmbeddingSlice(_message.Message):
     rows: _common_pb2.TensorBytes
     def __init__(self, content_hash: _Optional[str] = ..., start: _Optional[int] = ..., rows: _Optional[_Union[_common_pb2.TensorBytes, _Mapping]] = ...) -> None: ...
 
+class EmbeddingRows(_message.Message):
+    __slots__ = ("first_row", "dtype", "row_width", "data")
+    FIRST_ROW_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ROW_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    first_row: int
+    dtype: str
+    row_width: int
+    data: bytes
+    def __init__(self, first_row: _Optional[int] = ..., dtype: _Optional[str] = ..., row_width: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class ReleaseLeasesRequest(_message.Message):
     __slots__ = ("lease_owner", "content_hashes")
     LEASE_OWNER_FIELD_NUMBER: _ClassVar[int]

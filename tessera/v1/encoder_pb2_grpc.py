@@ -45,6 +45,11 @@ class EncoderServiceStub:
                 request_serializer=tessera_dot_v1_dot_encoder__pb2.GetEmbeddingSlicesRequest.SerializeToString,
                 response_deserializer=tessera_dot_v1_dot_encoder__pb2.EmbeddingSlice.FromString,
                 _registered_method=True)
+        self.GetEmbeddingRows = channel.unary_stream(
+                '/tessera.v1.EncoderService/GetEmbeddingRows',
+                request_serializer=tessera_dot_v1_dot_encoder__pb2.GetEmbeddingSlicesRequest.SerializeToString,
+                response_deserializer=tessera_dot_v1_dot_encoder__pb2.EmbeddingRows.FromString,
+                _registered_method=True)
         self.ReleaseLeases = channel.unary_unary(
                 '/tessera.v1.EncoderService/ReleaseLeases',
                 request_serializer=tessera_dot_v1_dot_encoder__pb2.ReleaseLeasesRequest.SerializeToString,
@@ -77,6 +82,17 @@ class EncoderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetEmbeddingRows(self, request, context):
+        """The same rows, bounds, leases and errors as GetEmbeddingSlices, packed for speed: the
+        rows of every requested slice in request order, back to back, in messages of about
+        --slice-message-bytes that each may hold rows of several slices. FAILED_PRECONDITION
+        when the slices' rows differ in dtype or width (ask for them in separate calls).
+        What the decoder uses; per-message costs, not bytes, limit Python gRPC.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReleaseLeases(self, request, context):
         """Releases a lease owner's pins so the items may be evicted again.
         """
@@ -103,6 +119,11 @@ def add_EncoderServiceServicer_to_server(servicer, server):
                     servicer.GetEmbeddingSlices,
                     request_deserializer=tessera_dot_v1_dot_encoder__pb2.GetEmbeddingSlicesRequest.FromString,
                     response_serializer=tessera_dot_v1_dot_encoder__pb2.EmbeddingSlice.SerializeToString,
+            ),
+            'GetEmbeddingRows': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetEmbeddingRows,
+                    request_deserializer=tessera_dot_v1_dot_encoder__pb2.GetEmbeddingSlicesRequest.FromString,
+                    response_serializer=tessera_dot_v1_dot_encoder__pb2.EmbeddingRows.SerializeToString,
             ),
             'ReleaseLeases': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseLeases,
@@ -170,6 +191,33 @@ class EncoderService:
             '/tessera.v1.EncoderService/GetEmbeddingSlices',
             tessera_dot_v1_dot_encoder__pb2.GetEmbeddingSlicesRequest.SerializeToString,
             tessera_dot_v1_dot_encoder__pb2.EmbeddingSlice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEmbeddingRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tessera.v1.EncoderService/GetEmbeddingRows',
+            tessera_dot_v1_dot_encoder__pb2.GetEmbeddingSlicesRequest.SerializeToString,
+            tessera_dot_v1_dot_encoder__pb2.EmbeddingRows.FromString,
             options,
             channel_credentials,
             insecure,

@@ -232,7 +232,21 @@ def test_decoder_rejects_malformed_requests(cluster, decoder, reference):
     assert ok[-1].finished.usage.completion_tokens == 2
 
 
-def test_encoder_slice_errors(encoder, cluster):
+def rows_of(messages) -> int:
+    """Rows in a GetEmbeddingSlices or a GetEmbeddingRows stream."""
+    total = 0
+    for m in messages:
+        if isinstance(m, encoder_pb2.EmbeddingSlice):
+            total += m.rows.shape[0]
+        else:  # EmbeddingRows, as any protobuf reader parses it
+            total += len(m.data) // (m.row_width * 4)
+    return total
+
+
+@pytest.mark.parametrize("method", ["GetEmbeddingSlices", "GetEmbeddingRows"])
+def test_encoder_slice_errors(encoder, cluster, method):
+    """Both ways of reading rows answer, and bound, every caller alike."""
+    call = getattr(encoder, method)
     decoded = decode_image(IMAGE)
     fingerprint = cluster.fingerprint()
     content_hash = decoded.content_hash(fingerprint)
@@ -251,7 +265,7 @@ def test_encoder_slice_errors(encoder, cluster):
         request = encoder_pb2.GetEmbeddingSlicesRequest(
             slices=[encoder_pb2.RowSlice(content_hash=content_hash, start=start, end=end)]
         )
-        return list(encoder.GetEmbeddingSlices(request, timeout=30))
+        return list(call(request, timeout=30))
 
     with pytest.raises(grpc.RpcError) as caught:
         slices(UNKNOWN_HASH, 0, 1)
@@ -263,7 +277,7 @@ def test_encoder_slice_errors(encoder, cluster):
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert phrase in caught.value.details()
     rows = slices(content_hash, 2, num_rows)
-    assert sum(m.rows.shape[0] for m in rows) == num_rows - 2
+    assert rows_of(rows) == num_rows - 2
     # A caller whose range is half the item's length is refused, not served a prefix.
     half = encoder_pb2.GetEmbeddingSlicesRequest(
         slices=[
@@ -273,7 +287,7 @@ def test_encoder_slice_errors(encoder, cluster):
         ]
     )
     with pytest.raises(grpc.RpcError) as caught:
-        list(encoder.GetEmbeddingSlices(half, timeout=30))
+        list(call(half, timeout=30))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"has {num_rows} rows; the request's range says {num_rows // 2}" in (
         caught.value.details()
@@ -298,7 +312,7 @@ def test_encoder_slice_errors(encoder, cluster):
         (long_owner, "at most 128"),
     ]:
         with pytest.raises(grpc.RpcError) as caught:
-            list(encoder.GetEmbeddingSlices(request, timeout=30))
+            list(call(request, timeout=30))
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert phrase in caught.value.details()
 

@@ -131,6 +131,11 @@ METHODS = {
         encoder_pb2_grpc.EncoderServiceStub,
         "GetEmbeddingSlices",
     ),
+    "encoder.GetEmbeddingRows": (
+        "encoder",
+        encoder_pb2_grpc.EncoderServiceStub,
+        "GetEmbeddingRows",
+    ),
     "encoder.ReleaseLeases": ("encoder", encoder_pb2_grpc.EncoderServiceStub, "ReleaseLeases"),
     "encoder.GetStats": ("encoder", encoder_pb2_grpc.EncoderServiceStub, "GetStats"),
 }
@@ -140,6 +145,7 @@ REQUEST_TYPES = {
     "decoder.GetStats": decoder_pb2.GetDecoderStatsRequest,
     "encoder.Encode": encoder_pb2.EncodeRequest,
     "encoder.GetEmbeddingSlices": encoder_pb2.GetEmbeddingSlicesRequest,
+    "encoder.GetEmbeddingRows": encoder_pb2.GetEmbeddingSlicesRequest,
     "encoder.ReleaseLeases": encoder_pb2.ReleaseLeasesRequest,
     "encoder.GetStats": encoder_pb2.GetEncoderStatsRequest,
 }

@@ -87,7 +87,8 @@ def rpc_error(call) -> grpc.RpcError:
 
 def test_a_request_over_every_hop_answers_like_the_model(stack, certs, reference):
     """gateway -> encoder (Encode), gateway -> decoder (Generate), decoder -> encoder
-    (GetEmbeddingSlices), each hop under mutual TLS and the role checks."""
+    (GetEmbeddingRows, GetEmbeddingSlices if it falls back), each hop under mutual TLS
+    and the role checks."""
     expected = reference.generate(PROMPT, MAX_NEW_TOKENS)
     messages = [Message(role, parts) for role, parts in PROMPT]
     sampling = common_pb2.SamplingParams(max_tokens=MAX_NEW_TOKENS)
@@ -97,6 +98,8 @@ def test_a_request_over_every_hop_answers_like_the_model(stack, certs, reference
     assert_greedy_match(done.token_ids, expected, "mtls")
     assert done.stats.num_items_computed == 1  # the encoder computed it
     assert done.stats.decoder.num_embedding_bytes > 0  # the decoder fetched its rows
+    # Not refused the batched read (a refusal would only show as a slower fallback).
+    assert "GetEmbeddingRows: caller" not in stack.log_text("encoder")
     for name in SERVICES:
         assert "address=" in stack.log_text(name) and "transport=mtls" in stack.log_text(name)
 
@@ -161,6 +164,9 @@ def test_each_method_refuses_the_roles_that_may_not_call_it(stack, certs):
         ("client", "GetEmbeddingSlices"): lambda: encoder_stub(
             stack, roles["client"]
         ).GetEmbeddingSlices(slices, timeout=10),
+        ("client", "GetEmbeddingRows"): lambda: list(
+            encoder_stub(stack, roles["client"]).GetEmbeddingRows(slices, timeout=10)
+        ),
         ("encoder", "Encode"): lambda: encoder_stub(stack, roles["encoder"]).Encode(
             encoder_pb2.EncodeRequest(), timeout=10
         ),
@@ -186,6 +192,9 @@ def test_the_roles_a_method_names_get_through(stack, certs):
     assert stats.ByteSize() > 0
     released = encoder_pb2.ReleaseLeasesRequest(lease_owner="nobody")
     encoder_stub(stack, roles["gateway"]).ReleaseLeases(released, timeout=10)
+    # The decoder's way of reading rows (an empty call: nothing to stream, but let through).
+    nothing = encoder_pb2.GetEmbeddingSlicesRequest()
+    assert list(encoder_stub(stack, roles["decoder"]).GetEmbeddingRows(nothing, timeout=10)) == []
     decoder_stats = decoder_pb2.GetDecoderStatsRequest()
     decoder_stub(stack, roles["client"]).GetStats(decoder_stats, timeout=10)  # any caller
     stream = decoder_stub(stack, roles["gateway"]).Generate(decode_request(3), timeout=60)
