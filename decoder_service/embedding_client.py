@@ -102,6 +102,17 @@ _BATCH_FAILURES = (
 )
 
 
+def _row_slice(item: MediaSource, chunk_slice: ChunkSlice) -> encoder_pb2.RowSlice:
+    """What to ask an encoder for one slice; the encoder refuses an item of another
+    length than the whole item's (a range may hold only part of it)."""
+    return encoder_pb2.RowSlice(
+        content_hash=chunk_slice.content_hash,
+        start=chunk_slice.row_start,
+        end=chunk_slice.row_end,
+        item_num_rows=item.range.num_item_rows,
+    )
+
+
 @dataclass(frozen=True)
 class FetchedRows:
     slice: ChunkSlice
@@ -353,15 +364,7 @@ class EmbeddingClient:
             raise UnknownReplicaError("no encoder to ask")
         wanted = [slices[i] for i in indices]
         request = encoder_pb2.GetEmbeddingSlicesRequest(
-            slices=[
-                encoder_pb2.RowSlice(
-                    content_hash=s.content_hash,
-                    start=s.row_start,
-                    end=s.row_end,
-                    item_num_rows=items[s.item_index].range.num_item_rows,
-                )
-                for s in wanted
-            ],
+            slices=[_row_slice(items[s.item_index], s) for s in wanted],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )
@@ -398,15 +401,7 @@ class EmbeddingClient:
         reencoded: bool,
     ) -> FetchedRows:
         request = encoder_pb2.GetEmbeddingSlicesRequest(
-            slices=[
-                encoder_pb2.RowSlice(
-                    content_hash=chunk_slice.content_hash,
-                    start=chunk_slice.row_start,
-                    end=chunk_slice.row_end,
-                    # The encoder refuses an item of another length than the range.
-                    item_num_rows=item.range.num_item_rows,
-                )
-            ],
+            slices=[_row_slice(item, chunk_slice)],
             lease_owner=request_id,
             lease_ms=self.lease_ms,
         )

@@ -72,6 +72,9 @@ class QwenVLFamily(HFFamily):
                 f"{model_dir}: the processor merges {self._merge_size} patches per side, "
                 f"the model {model_merge}"
             )
+        # Qwen3-VL's deepstack levels ride beside the main plane of every row.
+        levels = getattr(self._config.vision_config, "deepstack_visual_indexes", None) or []
+        self.num_planes = 1 + len(levels)
         self._video = QwenVideo(
             self._processor, self._config, self.num_planes, self.video_range_per_frame
         )
@@ -206,12 +209,6 @@ class Qwen3VLFamily(QwenVLFamily):
     name = "qwen3-vl"
     architectures = ("Qwen3VLForConditionalGeneration",)
     video_range_per_frame = True
-
-    def __init__(self, model_dir: Path, options: LoadOptions, fingerprint: str | None = None):
-        super().__init__(model_dir, options, fingerprint)
-        levels = self._config.vision_config.deepstack_visual_indexes
-        self.num_planes = 1 + len(levels)
-        self._video = QwenVideo(self._processor, self._config, self.num_planes, qwen3=True)
 
     def _rows_with_planes(self, features: Any) -> Sequence[torch.Tensor]:
         levels = features.deepstack_features  # per level: one tensor per image
