@@ -221,13 +221,18 @@ class EncoderCore:
         if shared is None:
             return await self._compute(item, caller), Source.COMPUTED
         block = await shared.get(name)
-        if block is None and not await shared.try_lease(
-            name, fleet.replica_id, fleet.compute_lease_ms
-        ):
-            # Another replica is computing it: its result will land in the shared store.
-            self.counters.num_remote_waits += 1
-            if await shared.wait_for(name, fleet.remote_wait_seconds):
+        if block is None:
+            if await shared.try_lease(name, fleet.replica_id, fleet.compute_lease_ms):
+                # The replica that computed it may have put it and released its lease
+                # between the read above and this lease: read again before computing.
                 block = await shared.get(name)
+                if block is not None:
+                    await shared.release_lease(name, fleet.replica_id)
+            else:
+                # Another replica is computing it: its result will land in the shared store.
+                self.counters.num_remote_waits += 1
+                if await shared.wait_for(name, fleet.remote_wait_seconds):
+                    block = await shared.get(name)
         if block is not None:
             self.counters.num_redis_hits += 1
             self.store.put(name, block)
