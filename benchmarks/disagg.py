@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from benchmarks.common import markdown_table
 from benchmarks.figures import CellResult, ratio
-from benchmarks.services import ServiceArm
+from benchmarks.services import ServiceArm, shared_host_threads
 from benchmarks.suite import CellRunner
 from benchmarks.workloads import Spec
 from tessera.testbed.cluster import Cluster
@@ -29,10 +29,12 @@ def add_colocated_deployment(
 ) -> ServiceArm:
     """A gateway with no encoders in front of one `--colocated-encoder` decoder."""
     base = ["--model", model]
+    decoder_flags = [*shared_host_threads("decoder", decoder_flags), *decoder_flags]
     decoder = cluster.start(
         f"{name}-decoder", "decoder", [*base, "--colocated-encoder", *decoder_flags]
     )
-    cluster.start(f"{name}-gateway", "gateway", [*base, "--decoders", decoder])
+    gateway_flags = [*shared_host_threads("gateway", ()), "--decoders", decoder]
+    cluster.start(f"{name}-gateway", "gateway", [*base, *gateway_flags])
     return ServiceArm(name, cluster, [], f"{name}-decoder", f"{name}-gateway")
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from benchmarks.outcome import Outcome
 from benchmarks.workloads import BenchRequest
 from tessera.client import Client, Message
+from tessera.cpus import usable_cpus
+from tessera.launcher import torch_threads_flag
 from tessera.testbed.cluster import Cluster
 from tessera.tls import TlsFiles, sync_channel, tls_args
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
@@ -175,6 +177,12 @@ class ServiceArm:
             self._client = None
 
 
+def shared_host_threads(service: str, flags: Sequence[str], num_replicas: int = 1) -> list[str]:
+    """The --torch-threads `tessera serve` gives `service` on this host, unless `flags`
+    set it."""
+    return torch_threads_flag(service, usable_cpus(), num_replicas, flags)
+
+
 def add_deployment(
     cluster: Cluster,
     name: str,
@@ -186,24 +194,25 @@ def add_deployment(
     tls: Mapping[str, TlsFiles] | None = None,
 ) -> ServiceArm:
     """Starts (without waiting for) one deployment's processes in `cluster`; with `tls`
-    (files per role, tessera.certs), every hop uses mutual TLS."""
+    (files per role, tessera.certs), every hop uses mutual TLS. The processes split the
+    host's CPUs as `tessera serve` does (`shared_host_threads`)."""
     base = ["--model", model, *common_flags]
 
     def security(role: str) -> list[str]:
         return tls_args(tls[role]) if tls else []
 
     encoders = [f"{name}-encoder{i}" for i in range(num_encoders)]
+    encoder_flags = [*shared_host_threads("encoder", encoder_flags, num_encoders), *encoder_flags]
     addresses = [
         cluster.start(e, "encoder", [*base, *security("encoder"), *encoder_flags]) for e in encoders
     ]
     encoder_list = ["--encoders", ",".join(addresses)]
+    decoder_flags = [*shared_host_threads("decoder", decoder_flags), *decoder_flags]
     decoder = cluster.start(
         f"{name}-decoder", "decoder", [*base, *security("decoder"), *encoder_list, *decoder_flags]
     )
-    cluster.start(
-        f"{name}-gateway",
-        "gateway",
-        [*base, *security("gateway"), "--encoders", ",".join(addresses), "--decoders", decoder],
-    )
+    routes = ["--encoders", ",".join(addresses), "--decoders", decoder]
+    gateway_flags = [*shared_host_threads("gateway", ()), *routes]
+    cluster.start(f"{name}-gateway", "gateway", [*base, *security("gateway"), *gateway_flags])
     client = tls["client"] if tls else None
     return ServiceArm(name, cluster, encoders, f"{name}-decoder", f"{name}-gateway", client)

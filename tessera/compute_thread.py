@@ -63,12 +63,15 @@ def compute_thread() -> ComputeThread:
 
 
 def set_torch_threads(num_threads: int) -> None:
-    """--torch-threads: torch's intra-op threads in this process (0 leaves torch's
-    default, one per core). Services that share a machine's cores each default to all of
-    them, and their OpenMP threads then spin against each other's."""
+    """--torch-threads: torch's intra-op threads in this process; 0 means one per CPU
+    the process may use (affinity mask and cgroup quota: tessera.cpus), where torch
+    itself would take every core of the host, a container's limit notwithstanding."""
     if num_threads < 0:
         raise ValueError(f"--torch-threads must be >= 0, got {num_threads}")
-    if num_threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(num_threads)
+    from tessera.cpus import usable_cpus
+
+    wanted = num_threads or min(usable_cpus(), torch.get_num_threads())
+    if wanted != torch.get_num_threads():
+        torch.set_num_threads(wanted)

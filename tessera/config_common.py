@@ -86,8 +86,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         "--torch-threads",
         type=int,
         default=0,
-        help="torch's intra-op threads in this process (0: torch's default, one per core); "
-        "services sharing a machine's cores each default to all of them",
+        help="torch's intra-op threads in this process (0: one per CPU the process may use, "
+        "by its affinity mask and cgroup CPU quota); tessera serve splits one host's CPUs "
+        "between the services it starts",
     )
     parser.add_argument(
         "--model-fingerprint",

@@ -38,6 +38,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tessera.cpus import shared_host_torch_threads, usable_cpus
 from tessera.tls import TlsFiles, sync_channel, tls_args
 
 # Flags `serve` sets on the services itself; they cannot be passed through.
@@ -153,19 +154,24 @@ def plan_replicas(
     ports: Iterator[int] | None = None,
     tls: Mapping[str, TlsFiles] | None = None,
     colocated: bool = False,
+    cpus: int | None = None,
 ) -> list[Replica]:
     """What to start, in start order: the encoders, the decoders with every encoder
     address, then the gateway with every encoder and decoder address. The flags mirror the
     Kubernetes manifests: the encoders share `--redis-url`, the decoders and the gateway
     list the replicas they call (there through DNS). With `tls` (files per role), each
     service gets the files of the role named like it. `colocated`: no encoders, each
-    decoder encodes in its own process."""
+    decoder encodes in its own process. They share this host's `cpus` (default: the ones
+    this process may use): each gets --torch-threads by `shared_host_torch_threads`
+    unless the flag was routed to it."""
     if decoders < 1 or (encoders < 1 and not colocated):
         raise SystemExit("tessera serve needs at least one encoder and one decoder")
     if colocated and redis_url:
         raise SystemExit("tessera serve --colocated: the decoders' encoders keep no Redis cache")
     ports = ports or distinct_free_ports(host, taken={gateway_port})
     common = ["--model", model, "--host", host]
+    cpus = cpus or usable_cpus()
+    counts = {"encoder": 0 if colocated else encoders, "decoder": decoders, "gateway": 1}
     replicas: list[Replica] = []
 
     def add(service: str, index: int, count: int, port: int, extra: list[str]) -> Replica:
@@ -173,7 +179,9 @@ def plan_replicas(
         metrics_port = next(ports) if service in with_metrics else None
         metrics = [METRICS_FLAG, str(metrics_port)] if metrics_port is not None else []
         security = tls_args(tls[service]) if tls else []
-        args = [*common, "--port", str(port), *metrics, *security, *extra, *routed[service]]
+        threads = torch_threads_flag(service, cpus, counts[service], routed[service])
+        args = [*common, "--port", str(port), *metrics, *security, *threads, *extra]
+        args += routed[service]
         replica = Replica(name, service, f"{host}:{port}", args, metrics_port)
         replicas.append(replica)
         return replica
@@ -194,6 +202,16 @@ def plan_replicas(
         [*gateway_encoders, "--decoders", ",".join(r.address for r in decoder_list)],
     )
     return replicas
+
+
+def torch_threads_flag(
+    service: str, cpus: int, num_replicas: int, flags: Collection[str]
+) -> list[str]:
+    """`--torch-threads N` for one of `num_replicas` of `service` on a host of `cpus`
+    shared with the others, or nothing where `flags` already set it."""
+    if any(flag.split("=", 1)[0] == "--torch-threads" for flag in flags):
+        return []
+    return ["--torch-threads", str(shared_host_torch_threads(service, cpus, num_replicas))]
 
 
 def wait_healthy(

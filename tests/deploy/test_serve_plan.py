@@ -13,8 +13,9 @@ from tessera.launcher import plan_replicas, route_flags
 ROUTED = {"encoder": [], "decoder": [], "gateway": []}
 
 
-def plan(**kwargs):
-    return plan_replicas("m", "127.0.0.1", 50051, ROUTED, ports=itertools.count(41000), **kwargs)
+def plan(routed=ROUTED, cpus=4, **kwargs):
+    ports = itertools.count(41000)
+    return plan_replicas("m", "127.0.0.1", 50051, routed, ports=ports, cpus=cpus, **kwargs)
 
 
 def test_default_is_one_of_each_with_the_old_arguments():
@@ -26,12 +27,22 @@ def test_default_is_one_of_each_with_the_old_arguments():
     ]
     encoder, decoder, gateway = replicas
     common = ["--model", "m", "--host", "127.0.0.1"]
-    assert encoder.args == [*common, "--port", "41000"]
-    assert decoder.args == [*common, "--port", "41001", "--encoders", "127.0.0.1:41000"]
+    assert encoder.args == [*common, "--port", "41000", "--torch-threads", "2"]
+    assert decoder.args == [
+        *common,
+        "--port",
+        "41001",
+        "--torch-threads",
+        "4",
+        "--encoders",
+        "127.0.0.1:41000",
+    ]
     assert gateway.args == [
         *common,
         "--port",
         "50051",
+        "--torch-threads",
+        "2",
         "--encoders",
         "127.0.0.1:41000",
         "--decoders",
@@ -74,6 +85,44 @@ def test_colocated_runs_the_encoder_in_each_decoder_and_no_encoder_service():
     assert len(gateway.decoders) == 2
     with pytest.raises(SystemExit, match="Redis"):
         plan(colocated=True, redis_url="redis://127.0.0.1:6379/0")
+
+
+def torch_threads(replica) -> int:
+    (index,) = [i for i, arg in enumerate(replica.args) if arg == "--torch-threads"]
+    return int(replica.args[index + 1])
+
+
+@pytest.mark.parametrize(
+    ("cpus", "encoders", "decoders", "expected"),
+    [
+        # On 2 CPUs the encoder and the gateway get one thread, the decoder both.
+        (2, 1, 1, {"encoder": 1, "decoder": 2, "gateway": 1}),
+        (8, 1, 1, {"encoder": 4, "decoder": 8, "gateway": 4}),
+        # Replicas of a service share its part of the host.
+        (8, 2, 2, {"encoder-0": 2, "encoder-1": 2, "decoder-0": 4, "gateway": 4}),
+        # Never fewer than one thread.
+        (1, 3, 2, {"encoder-2": 1, "decoder-1": 1, "gateway": 1}),
+    ],
+)
+def test_services_on_one_host_split_its_cpus(cpus, encoders, decoders, expected):
+    replicas = {r.name: r for r in plan(cpus=cpus, encoders=encoders, decoders=decoders)}
+    assert {name: torch_threads(replicas[name]) for name in expected} == expected
+
+
+def test_colocated_decoder_keeps_every_cpu():
+    replicas = plan(cpus=2, decoders=1, colocated=True)
+    assert [torch_threads(r) for r in replicas] == [2, 1]
+
+
+def test_torch_threads_given_to_serve_win_over_the_split():
+    from decoder_service.main import build_parser as decoder_parser
+
+    parsers = {"decoder": decoder_parser()}
+    for given in (["--torch-threads", "3"], ["--torch-threads=3"]):
+        routed = {**ROUTED, **route_flags(given, parsers)}
+        decoder = next(r for r in plan(routed=routed, cpus=2) if r.service == "decoder")
+        assert decoder_parser().parse_args(decoder.args).torch_threads == 3
+        assert sum(arg.startswith("--torch-threads") for arg in decoder.args) == 1
 
 
 def test_serve_refuses_colocated_with_encoder_replicas(capsys):
