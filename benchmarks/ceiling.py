@@ -25,12 +25,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from benchmarks.common import bench_model, markdown_table
-from benchmarks.step import engine_forward_seconds, prompts, tessera_step
+from benchmarks.step import (
+    NUM_DECODE_TOKENS,
+    engine_forward_seconds,
+    generate_timer,
+    prompts,
+    tessera_step,
+)
 from decoder_service.paged_attention import ATTENTION_NAME
 from tessera.adapters import LoadOptions, MediaInput, ModelPart, load_family
 from tessera.compute_thread import compute_thread
@@ -57,43 +64,29 @@ class PartCosts:
     step_ms: dict[int, float]  # the engine's decode step, by requests decoding
 
 
-def best_ms(function, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        samples.append((time.perf_counter() - started) * 1000)
-    return min(samples)  # the least disturbed by other work
+def timed(function: Callable, *args) -> float:
+    started = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - started
+
+
+def best_ms(seconds: Callable[[], float], repeats: int) -> float:
+    return min(seconds() for _ in range(repeats)) * 1000  # the least disturbed by other work
 
 
 def vision_ms(model: str, repeats: int) -> float:
     family = load_family(model, LoadOptions(ModelPart.PROCESSOR | ModelPart.MEDIA_ENCODER))
     images = [MediaInput(decode_image(noise_image(seed, 224, 224))) for seed in range(repeats)]
     family.encode(images[:1])  # warm-up
-    return statistics.median(best_ms(lambda i=image: family.encode([i]), 1) for image in images)
+    return statistics.median(timed(family.encode, [image]) * 1000 for image in images)
 
 
 def generate_costs(model: str, prompt_tokens: int, repeats: int) -> tuple[float, float]:
     """generate()'s prefill (one token out) and its cost per further token, in ms."""
-    from transformers import AutoModelForImageTextToText
-
-    hf = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.float32).eval()
-    (prompt,) = prompts(1, prompt_tokens, hf.config.get_text_config().vocab_size)
-    input_ids = torch.tensor([prompt])
-
-    def run(new_tokens: int) -> None:
-        with torch.inference_mode():
-            hf.generate(
-                input_ids=input_ids,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-            )
-
-    run(2)  # warm-up
-    prefill = best_ms(lambda: run(1), repeats)
-    tokens = 33
-    return prefill, (best_ms(lambda: run(tokens), repeats) - prefill) / (tokens - 1)
+    seconds = generate_timer(model, prompt_tokens)
+    prefill = best_ms(lambda: seconds(1), repeats)
+    tokens = 1 + NUM_DECODE_TOKENS
+    return prefill, (best_ms(lambda: seconds(tokens), repeats) - prefill) / NUM_DECODE_TOKENS
 
 
 def measure(model: str, prompt_tokens: int, batch_sizes: list[int], repeats: int) -> PartCosts:

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,7 +88,9 @@ def tessera_step(family, model: str, batch_size: int, prompt_tokens: int, repeat
     return min(samples)  # best of the repeats: the least disturbed by other work
 
 
-def generate_token_seconds(model: str, prompt_tokens: int, repeats: int) -> float:
+def generate_timer(model: str, prompt_tokens: int) -> Callable[[int], float]:
+    """A function timing generate() of `n` new tokens on a text prompt of
+    `prompt_tokens`, in seconds (greedy, exactly `n` tokens)."""
     from transformers import AutoModelForImageTextToText
 
     hf = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.float32).eval()
@@ -106,6 +109,11 @@ def generate_token_seconds(model: str, prompt_tokens: int, repeats: int) -> floa
         return time.perf_counter() - started
 
     seconds(2)  # warm-up
+    return seconds
+
+
+def generate_token_seconds(model: str, prompt_tokens: int, repeats: int) -> float:
+    seconds = generate_timer(model, prompt_tokens)
     samples = [
         (seconds(1 + NUM_DECODE_TOKENS) - seconds(1)) / NUM_DECODE_TOKENS for _ in range(repeats)
     ]
