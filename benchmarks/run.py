@@ -45,12 +45,13 @@ IMAGE_SIDES = {name: (200, 1500) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-v
 DEFAULT_IMAGE_SIDES = (96, 320)
 # Audio families draw clips of 2-30 s instead of images (a Qwen2-Audio window is 30 s).
 CLIP_SECONDS = (2.0, 30.0)
-# Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
-# request names its chunk size.
 # Families that take video: the video suite runs on the run's model when it is one.
 VIDEO_FAMILIES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")
+# Room for a whole prompt in one chunk (the latency suite's unchunked case); every other
+# request names its chunk size. A step prefills 512 prompt tokens, as a decoder with the
+# default --max-chunk-tokens does (one chunk larger than that still runs, alone).
 DECODER_FLAGS = ["--max-chunk-tokens", "2048", "--max-num-batched-tokens", "2064"]
-DECODER_FLAGS += ["--max-num-seqs", "16"]
+DECODER_FLAGS += ["--max-num-seqs", "16", "--max-prefill-tokens-per-step", "512"]
 # No embedding cache: nothing is kept unpinned, but a request's pins keep its items until
 # its prefill has them (without a pin budget an item finished before the decoder asked
 # for it was gone, and the arm worked only while fetches won that race).

@@ -39,7 +39,8 @@ class DecoderConfig:
     max_chunk_tokens: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    max_prefills_per_step: int
+    max_prefills_per_step: int  # 0: as many as the prefill token budget holds
+    max_prefill_tokens_per_step: int  # 0: --max-chunk-tokens
     max_prefill_age_steps: int
     max_model_len: int | None
     default_max_tokens: int
@@ -65,6 +66,11 @@ class DecoderConfig:
     health_port: int
     torch_threads: int = 0  # --torch-threads (0: torch's default)
 
+    @property
+    def prefill_token_budget(self) -> int:
+        """--max-prefill-tokens-per-step, where 0 means one chunk's worth."""
+        return self.max_prefill_tokens_per_step or self.max_chunk_tokens
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DecoderConfig:
         config = config_from_args(
@@ -82,10 +88,13 @@ class DecoderConfig:
                 f"({needed}), so a prompt chunk always fits beside the running decodes; got "
                 f"{config.max_num_batched_tokens}"
             )
-        if config.max_prefills_per_step < 1 or config.max_prefill_age_steps < 0:
+        if min(config.max_prefills_per_step, config.max_prefill_tokens_per_step) < 0:
             raise SystemExit(
-                "--max-prefills-per-step must be >= 1 and --max-prefill-age-steps >= 0"
+                "--max-prefills-per-step and --max-prefill-tokens-per-step must be >= 0 "
+                "(0: no count limit; 0: one chunk's worth, --max-chunk-tokens)"
             )
+        if config.max_prefill_age_steps < 0:
+            raise SystemExit("--max-prefill-age-steps must be >= 0")
         if config.colocated_encoder and config.encoders:
             raise SystemExit(
                 "--colocated-encoder encodes media in this process: drop --encoders, or drop "
@@ -129,12 +138,19 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         help="token budget of one engine step (decodes first, then prefill chunks)",
     )
     parser.add_argument(
+        "--max-prefill-tokens-per-step",
+        type=int,
+        default=0,
+        help="most prompt tokens one step prefills (0: --max-chunk-tokens); the prompt "
+        "closest to its first token goes first, and the first chunk always runs. It bounds "
+        "the running requests' inter-token latency while prompts arrive",
+    )
+    parser.add_argument(
         "--max-prefills-per-step",
         type=int,
-        default=1,
-        help="most prompts that get a prefill chunk in one step; the prompt closest to its "
-        "first token goes first (a burst of prompts then finishes one after another, "
-        "instead of all together at the end)",
+        default=0,
+        help="most prompts that get a prefill chunk in one step (0: as many as "
+        "--max-prefill-tokens-per-step holds)",
     )
     parser.add_argument(
         "--max-prefill-age-steps",

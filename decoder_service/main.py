@@ -16,7 +16,7 @@ from decoder_service.kv_cache import KVCacheManager
 from decoder_service.model_runner import ModelRunner
 from decoder_service.paged_attention import ATTENTION_NAME, PagedKVStore
 from decoder_service.prefetch import Prefetcher
-from decoder_service.scheduler import Scheduler
+from decoder_service.scheduler import UNLIMITED, Scheduler
 from decoder_service.servicer import DecoderServicer, metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.channels import ChannelPool
@@ -116,8 +116,9 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
             kv,
             config.max_num_seqs,
             config.max_num_batched_tokens,
-            config.max_prefills_per_step,
+            config.max_prefills_per_step or UNLIMITED,
             config.max_prefill_age_steps,
+            config.prefill_token_budget,
         ),
         ModelRunner(family, store),
         prefetcher,

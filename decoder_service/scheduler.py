@@ -6,18 +6,25 @@ Per step, within `max_num_batched_tokens`:
 1. every running request that is decoding gets its one token;
 2. waiting requests are admitted, oldest first, while fewer than `max_num_seqs` run and
    the KV cache holds their first chunk (the blocks are taken at once);
-3. at most `max_prefills_per_step` running requests with pending prompt (or recompute)
-   tokens get their next chunk, the one closest to its first token first: least
-   remaining prefill, except that a request running for more than `max_prefill_age_steps`
-   steps goes before all younger ones (oldest first), so a long prompt is never starved
-   by a stream of short ones.
+3. running requests with pending prompt (or recompute) tokens get their next chunk, the
+   one closest to its first token first (least remaining prefill), while the step's
+   prefill chunks hold at most `max_prefill_tokens_per_step` tokens (the first chunk
+   always runs) and at most `max_prefills_per_step` prompts. A request running for more
+   than `max_prefill_age_steps` steps goes before all younger ones (oldest first), so a
+   long prompt is never starved by a stream of short ones.
 A long prompt therefore never stalls requests that are decoding, and a burst of prompts
-finishes one prompt after another instead of all of them together at the end.
+finishes one prompt after another instead of all of them together at the end. The
+prefill token budget is what bounds the decoding requests' inter-token latency (a step's
+cost grows with its tokens); counted in tokens, it packs several small chunks into the
+step where one large chunk would have run, so small chunks do not slow the prompts down.
 
-Worked example, one prefill per step, chunk 128: prompt A (300 tokens) arrives just
-before B (130). B has less left, so step 1 runs B[0:128), step 2 B[128:130) and B samples
-its first token; A runs in steps 3-5. B's first token has waited for 130 tokens of
-compute, A's for 430. In lockstep (both every step) B's would have waited for 386.
+Worked example, a prefill budget of 128 tokens, chunk 128: prompt A (300 tokens)
+arrives just before B (130). B has less left, so step 1 runs B[0:128), step 2 B[128:130)
+and B samples its first token; A's first chunk does not fit beside B's 2 tokens, so A
+runs in steps 3-5. B's first token has waited for 130 tokens of compute, A's for 430. In
+lockstep (both every step) B's would have waited for 386. With a budget of 512 tokens
+step 1 runs B[0:128) and A[0:128), step 2 B[128:130) and A[128:256) (B's first token),
+step 3 A[256:300).
 
 A chunk is always `[n, min(n + max_chunk_tokens, num_tokens))`: if the rest of the
 budget cannot hold it, the request waits for the next step rather than take a smaller
@@ -88,6 +95,7 @@ class _Plan:
     """The step being built."""
 
     budget: int
+    prefill_budget: int  # prefill tokens left this step
     work: list[tuple[RequestState, int, int]] = field(default_factory=list)
     admitted: list[RequestState] = field(default_factory=list)
     preempted: list[RequestState] = field(default_factory=list)
@@ -102,12 +110,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_prefills_per_step: int = UNLIMITED,
         max_prefill_age_steps: int = 64,
+        max_prefill_tokens_per_step: int = UNLIMITED,
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefills_per_step = max_prefills_per_step
         self.max_prefill_age_steps = max_prefill_age_steps
+        self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.num_preemptions = 0
@@ -130,7 +140,9 @@ class Scheduler:
         self.kv.free(request.request_id)
 
     def schedule(self) -> SchedulerOutput:
-        plan = _Plan(budget=self.max_num_batched_tokens)
+        plan = _Plan(
+            budget=self.max_num_batched_tokens, prefill_budget=self.max_prefill_tokens_per_step
+        )
         for request in [r for r in self.running if r.is_decoding]:
             if request in self.running:
                 self._schedule_running(request, plan)
@@ -140,7 +152,7 @@ class Scheduler:
             if plan.preempted or plan.num_prefills >= self.max_prefills_per_step:
                 break
             if request in self.running:
-                plan.num_prefills += self._schedule_running(request, plan)
+                plan.num_prefills += self._schedule_running(request, plan, prefill=True)
         self.num_steps += 1
         return SchedulerOutput(
             tuple(self._chunk(request, start, end) for request, start, end in plan.work),
@@ -173,10 +185,10 @@ class Scheduler:
 
     # -- the three phases ----------------------------------------------------------------
 
-    def _schedule_running(self, request: RequestState, plan: _Plan) -> bool:
+    def _schedule_running(self, request: RequestState, plan: _Plan, prefill: bool = False) -> bool:
         """Schedules the request's next chunk if it can run; True if it got one."""
         chunk = request.next_chunk()
-        if chunk is None or not self._runnable(request, chunk, plan):
+        if chunk is None or not self._runnable(request, chunk, plan, prefill):
             return False
         while not self.kv.allocate(request.request_id, chunk[1]):
             victim = self.running[-1]
@@ -184,6 +196,8 @@ class Scheduler:
             if victim is request:
                 return False
         self._add_work(request, chunk, plan)
+        if prefill:
+            plan.prefill_budget -= chunk[1] - chunk[0]
         return True
 
     def _admit(self, plan: _Plan) -> None:
@@ -241,12 +255,16 @@ class Scheduler:
             hits = hits[: atomic_block_floor(request.spec.ranges, len(hits), self.kv.block_size)]
         return hits
 
-    def _runnable(self, request: RequestState, chunk: tuple[int, int], plan: _Plan) -> bool:
+    def _runnable(
+        self, request: RequestState, chunk: tuple[int, int], plan: _Plan, prefill: bool
+    ) -> bool:
         if request.chunk_needs_rows(*chunk) and chunk not in request.ready_chunks:
             return False
         size = chunk[1] - chunk[0]
-        # The first piece of work always runs, so a budget below one chunk cannot
-        # starve anybody.
+        # The first piece of work (and the first prefill chunk) always runs, so a budget
+        # below one chunk cannot starve anybody.
+        if prefill and size > plan.prefill_budget and plan.num_prefills:
+            return False
         return size <= plan.budget or not plan.work
 
     def _add_work(self, request: RequestState, chunk: tuple[int, int], plan: _Plan) -> None:

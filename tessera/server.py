@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,7 +183,8 @@ async def serve(
         raise StartupError(f"could not load {spec.model}: {one_line(error)}") from error
     await _set_health(health_servicer, spec.service_names, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "tessera %s %s ready: model=%s %s address=%s transport=%s health_address=%s",
+        "tessera %s %s ready: model=%s %s address=%s transport=%s health_address=%s "
+        "torch_threads=%s",
         spec.name,
         __version__,
         spec.model,
@@ -190,6 +192,7 @@ async def serve(
         address,
         transport,
         health_address,
+        _torch_threads(),
     )
     await stop.wait()
     log.info("tessera %s stopping: draining for up to %.1fs", spec.name, spec.drain_seconds)
@@ -205,6 +208,13 @@ async def serve(
         # Stopped last: probes see NOT_SERVING, not a refused connection, while draining.
         await health_only[0].stop(0)
     log.info("tessera %s stopped", spec.name)
+
+
+def _torch_threads() -> str:
+    """torch's intra-op threads, for the ready line: with several services on one host
+    (`tessera serve` splits its CPUs), an operator sees each one's share at a glance."""
+    torch = sys.modules.get("torch")  # never imported here just to be named
+    return str(torch.get_num_threads()) if torch is not None else "none"
 
 
 async def _set_health(

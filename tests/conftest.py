@@ -61,7 +61,12 @@ def cluster(demo_model_dir, run_on) -> Cluster:
         # A cache that keeps nothing unpinned; a request's pins keep its items while
         # its prefill needs them (pins have a budget of their own past the cache's).
         pins = ["--max-pinned-bytes", str(64 << 20), "--max-pinned-bytes-per-owner", str(64 << 20)]
-        small = services.start("small-encoder", "encoder", [*model, "--cache-bytes", "0", *pins])
+        # One torch thread: test_lifecycle checks the ready line names it.
+        small = services.start(
+            "small-encoder",
+            "encoder",
+            [*model, "--cache-bytes", "0", *pins, "--torch-threads", "1"],
+        )
         # The decoder dials only the encoders it is given: both, so that tests may send it
         # requests naming either.
         decoder = services.start(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -45,6 +46,15 @@ def test_health_reflection_and_start_line(cluster, name):
     # No flags, no TLS: anyone may call, and the start says so.
     assert "transport=plaintext" in ready_lines[0]
     assert f"tessera {name} accepts unauthenticated callers (plaintext)" in log
+    assert re.search(r" torch_threads=[1-9]\d*$", ready_lines[0]), ready_lines[0]
+
+
+def test_ready_line_names_the_torch_threads_it_was_given(cluster):
+    """With several services on one host, each one's share of the CPUs shows at start."""
+    (ready,) = [
+        line for line in cluster.log_text("small-encoder").splitlines() if " ready: " in line
+    ]
+    assert ready.endswith(" torch_threads=1"), ready
 
 
 def test_health_port_answers_probes_without_a_certificate_and_serves_nothing_else(

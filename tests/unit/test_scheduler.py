@@ -102,10 +102,16 @@ class Simulator:
         prefix_caching: bool = True,
         max_prefills_per_step: int = UNLIMITED,
         max_prefill_age_steps: int = 64,
+        max_prefill_tokens_per_step: int = UNLIMITED,
     ):
         self.kv = KVCacheManager(num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(
-            self.kv, max_num_seqs, budget, max_prefills_per_step, max_prefill_age_steps
+            self.kv,
+            max_num_seqs,
+            budget,
+            max_prefills_per_step,
+            max_prefill_age_steps,
+            max_prefill_tokens_per_step,
         )
         self.admitted_at: dict[str, int] = {}  # request id -> step of its last admission
         self.step_index = 0
@@ -286,6 +292,9 @@ class Simulator:
         assert scheduled == decodes + prefills, f"step {step}: decodes first"
         assert decodes == [r for r in decoding_before if r in decodes]
         assert len(prefills) <= scheduler.max_prefills_per_step
+        # The first prefill chunk always runs; all of them together fit the prefill budget.
+        sizes = [c.num_tokens for c in output.chunks if requests[c.request_id] in prefills]
+        assert len(sizes) <= 1 or sum(sizes) <= scheduler.max_prefill_tokens_per_step, sizes
         order = self.prefill_order([*running_before, *admitted_all], decoding_before, step)
         assert prefills == [r for r in order if r in prefills], f"step {step}: prefill order"
         for chunk in output.chunks:
@@ -538,11 +547,14 @@ def random_scenario(seed: int, family: str) -> Simulator:
         max_num_seqs=max_num_seqs,
         budget=budget,
         prefix_caching=family != "no_prefix_caching",
-        # small_cache must preempt in every scenario, which one prefill per step can avoid.
+        # small_cache must preempt in every scenario, which a prefill limit per step can avoid.
         max_prefills_per_step=(
             UNLIMITED if family == "small_cache" else knobs.choice([1, 2, UNLIMITED])
         ),
         max_prefill_age_steps=knobs.choice([0, 3, 64]),
+        max_prefill_tokens_per_step=(
+            UNLIMITED if family == "small_cache" else knobs.choice([1, 8, 24, UNLIMITED])
+        ),
     )
     for arrival in arrivals:
         sim.add(arrival.spec, at_step=arrival.step, media_delay=arrival.media_delay)
@@ -689,6 +701,28 @@ def test_a_burst_of_prompts_finishes_one_after_another_shortest_first():
                 first_token_at[chunk.request_id] = sim.step_index - 1
     assert first_token_at == {"short": 0, "middle": 2, "long": 5}
     sim.run(max_steps=20)
+
+
+def test_the_prefill_token_budget_packs_small_chunks_and_runs_a_large_one_alone():
+    """16 prefill tokens per step: two prompts' chunks of 8 share a step (the one with less
+    left first), a chunk of 20 runs as the step's only prefill, and a decode never counts
+    against the prefill budget."""
+    sim = big_sim(budget=64, max_prefill_tokens_per_step=16)
+    sim.add(make_spec("a", text(24), max_tokens=3, chunk=8))
+    sim.add(make_spec("b", text(16, 100), max_tokens=3, chunk=8))
+    sim.add(make_spec("c", text(12, 200), max_tokens=3, chunk=8))
+    assert work_of(sim.step()) == {"c": (0, 8), "b": (0, 8)}
+    assert work_of(sim.step()) == {"c": (8, 12), "b": (8, 16)}  # 12 tokens: `a` does not fit
+    assert work_of(sim.step()) == {"c": (12, 13), "b": (16, 17), "a": (0, 8)}
+    assert work_of(sim.step()) == {"c": (13, 14), "b": (17, 18), "a": (8, 16)}
+    sim.run(max_steps=20)
+    big = big_sim(budget=64, max_prefill_tokens_per_step=16)
+    big.add(make_spec("big", text(40), max_tokens=2, chunk=20))
+    big.add(make_spec("small", text(50, 300), max_tokens=2, chunk=8))
+    assert work_of(big.step()) == {"big": (0, 20)}  # less left: first, alone over the budget
+    assert work_of(big.step()) == {"big": (20, 40)}  # still less left than `small`'s 50
+    assert work_of(big.step()) == {"big": (40, 41), "small": (0, 8)}
+    big.run(max_steps=20)
 
 
 def test_a_chunk_larger_than_the_budget_runs_alone():

@@ -11,6 +11,7 @@ import json
 import pytest
 from PIL import Image
 
+from decoder_service.config import DecoderConfig
 from decoder_service.main import build_parser as decoder_parser
 from gateway.config import GatewayConfig
 from gateway.main import build_parser as gateway_parser
@@ -138,6 +139,19 @@ def test_auto_dtype_follows_the_checkpoint(flag, checkpoint, device, expected):
 def test_checkpoint_dtype_reads_config_json(tmp_path, config, expected):
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert checkpoint_dtype(tmp_path) == expected
+
+
+def test_the_prefill_token_budget_defaults_to_one_chunk_and_refuses_negatives():
+    def config(*flags: str) -> DecoderConfig:
+        args = decoder_parser().parse_args(["--model", "m", "--encoders", "e:1", *flags])
+        return DecoderConfig.from_args(args)
+
+    assert config("--max-chunk-tokens", "256").prefill_token_budget == 256
+    given = config("--max-chunk-tokens", "256", "--max-prefill-tokens-per-step", "1024")
+    assert given.prefill_token_budget == 1024
+    for flag in ("--max-prefill-tokens-per-step", "--max-prefills-per-step"):
+        with pytest.raises(SystemExit, match="must be >= 0"):
+            config(flag, "-1")
 
 
 def test_ports_and_log_levels():
