@@ -57,6 +57,12 @@ class EngineCounters:
     num_aborted: int = 0
 
 
+@dataclass(frozen=True)
+class _StepResult:
+    forward_seconds: float  # the forward alone, without the draw
+    sampled: dict[str, SampledToken | Exception]  # request id -> its token (or its error)
+
+
 class Engine:
     def __init__(
         self,
@@ -167,27 +173,20 @@ class Engine:
             await self._wait_for_rows()
             return
         inputs = [self._gather(chunk) for chunk in output.chunks]
-        started = time.monotonic()
-        logits = await self._compute.run(self.runner.run, inputs)
-        self.counters.forward_seconds += time.monotonic() - started
+        result = await self._compute.run(self._forward_and_sample, inputs)
+        self.counters.forward_seconds += result.forward_seconds
         self.counters.num_steps += 1
         self.counters.num_batched_tokens += output.num_tokens
         self.counters.num_scheduled_requests += len(output.chunks)
         update = self.scheduler.update_from_output(output)
         for request, error in update.failed:  # bookkeeping of one request: it ends alone
             self._fail_after_forward(request, error)
-        logits_of = dict(zip((c.request_id for c in output.chunks), logits, strict=True))
         for request in update.advanced:
             if request.num_computed_tokens >= request.num_prompt_tokens:
                 self._release_leases(request)
-        sampling = [(r, logits_of[r.request_id]) for r in update.sampling]
-        if sampling:
-            await self._sample_and_emit(sampling)
-
-    async def _sample_and_emit(self, sampling: list[tuple[RequestState, torch.Tensor]]) -> None:
-        sampled = await self._compute.run(self._sample_step, sampling)
-        for (request, _), token in zip(sampling, sampled, strict=True):
-            if request.finished:  # aborted while its token was drawn
+        for request in update.sampling:
+            token = result.sampled.get(request.request_id)
+            if token is None or request.finished:  # ended while its forward ran
                 continue
             if isinstance(token, Exception):
                 self._fail_after_forward(request, token)
@@ -196,6 +195,24 @@ class Engine:
                 self._emit(request, token)
             except Exception as error:
                 self._fail_after_forward(request, error)
+
+    def _forward_and_sample(self, inputs: list[WorkInput]) -> _StepResult:
+        """On the compute thread: the step's forward, then one draw over every chunk that
+        samples, so the thread hands back to the event loop once per step rather than
+        twice (each hand-back leaves the model idle until the loop gets to it). A request
+        that ended while the forward ran is not drawn for; the caller emits only what
+        `update_from_output` confirms."""
+        started = time.monotonic()
+        logits = self.runner.run(inputs)
+        forward_seconds = time.monotonic() - started
+        sampling = []
+        for work, row in zip(inputs, logits, strict=True):
+            request = self._requests.get(work.chunk.request_id)
+            if row is not None and request is not None and not request.finished:
+                sampling.append((request, row))
+        sampled = self._sample_step(sampling) if sampling else []
+        by_id = {r.request_id: t for (r, _), t in zip(sampling, sampled, strict=True)}
+        return _StepResult(forward_seconds, by_id)
 
     # -- embeddings ----------------------------------------------------------------------
 

@@ -180,8 +180,13 @@ def paged_attention(
     for segment, table in prefill:
         q = query[:, :, segment.query_start : segment.query_end]
         num_context = segment.num_context
-        k = _gather_blocks(k_cache, block_size, table)
-        v = _gather_blocks(v_cache, block_size, table)
+        if segment.num_past == 0 and key.dtype == k_cache.dtype:
+            # A first chunk's context is its own new keys, the very values just stored.
+            k = key[:, :, segment.query_start : segment.query_end]
+            v = value[:, :, segment.query_start : segment.query_end]
+        else:
+            k = _gather_blocks(k_cache, block_size, table)
+            v = _gather_blocks(v_cache, block_size, table)
         mask = _mask(segment, segment.num_new, sliding_window, q.device)
         attended = torch.nn.functional.scaled_dot_product_attention(
             q,

@@ -45,9 +45,10 @@ def expected(
 def test_a_step_of_decodes_and_a_chunk_equals_attention_over_each_context(window):
     generator = torch.Generator().manual_seed(0)
     store = PagedKVStore(1, 32, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, torch.float32, "cpu")
-    # (tokens before this step, new tokens): three decodes of different lengths and a
-    # prefill chunk between them; blocks handed out shuffled, so no context is contiguous.
-    shapes = [(9, 1), (2, 1), (5, 6), (13, 1)]
+    # (tokens before this step, new tokens): three decodes of different lengths, a prefill
+    # chunk between them and a first chunk (its context is its own new keys); blocks
+    # handed out shuffled, so no context is contiguous.
+    shapes = [(9, 1), (2, 1), (5, 6), (0, 7), (13, 1)]
     free = torch.randperm(32, generator=generator).tolist()
     contexts, segments, slot_mappings = [], [], []
     query_start = 0
@@ -65,7 +66,7 @@ def test_a_step_of_decodes_and_a_chunk_equals_attention_over_each_context(window
         query_start += num_new
     metadata = AttentionMetadata.plan(torch.cat(slot_mappings), segments)
     assert metadata.decode is not None and len(metadata.decode.query_indices) == 3
-    assert len(metadata.segments) == 1
+    assert len(metadata.segments) == 2
 
     query = torch.randn(1, NUM_HEADS, query_start, HEAD_DIM, generator=generator)
     new_keys = torch.cat([k[:, p:] for (k, _), (p, _) in zip(contexts, shapes, strict=True)], dim=1)
