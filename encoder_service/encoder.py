@@ -150,6 +150,14 @@ class EncoderCore:
         """Rows for every item; each unique item is looked up or computed once. Items
         this call computes queue under its lease owner (or the call itself, without one)
         and take turns with other callers' items."""
+        return await self.begin_encode(items, lease)
+
+    def begin_encode(
+        self, items: Sequence[EncodeItem], lease: Lease | None
+    ) -> asyncio.Future[list[EncodeResult]]:
+        """`encode`, split where it first waits: on return every item is in memory or in
+        flight here (a slice request arriving now finds it), and the awaitable gives the
+        rows. Raises InvalidItemError at once for items refused before any work."""
         for item in items:
             self._check_item(item)
         self.counters.num_items_requested += len(items)
@@ -163,6 +171,12 @@ class EncoderCore:
         # then share one batch.
         caller = lease.owner if lease else object()
         pending = [self._start(item, lease, caller) for item in unique]
+        return asyncio.ensure_future(self._results(items, unique, pending))
+
+    @staticmethod
+    async def _results(
+        items: Sequence[EncodeItem], unique: list[EncodeItem], pending: list[asyncio.Future]
+    ) -> list[EncodeResult]:
         found = await asyncio.gather(*pending)
         outcomes = {item.content_hash: outcome for item, outcome in zip(unique, found, strict=True)}
         return [EncodeResult(i.content_hash, *outcomes[i.content_hash]) for i in items]

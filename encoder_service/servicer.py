@@ -82,9 +82,15 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
                 )
                 for item in request.items
             ]
-            results = await self.core.encode(
+            pending = self.core.begin_encode(
                 items, self._lease(request.lease_owner, request.lease_ms)
             )
+            # Every item is now in memory or in flight here: the early initial metadata
+            # tells the caller so (a gateway sends its decode request only then, so the
+            # decoder's first fetch finds the items instead of racing this call and
+            # sending their bytes a second time).
+            await _announce(context, pending)
+            results = await pending
         except (InvalidItemError, ValueError) as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         return encoder_pb2.EncodeResponse(
@@ -184,6 +190,16 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
     async def GetStats(self, request, context):
         await abort_unless_ready(context, self.core is not None)
         return stats_to_proto(self.core)
+
+
+async def _announce(context, pending: asyncio.Future) -> None:
+    """Sends the call's initial metadata now; should the caller be gone, the work goes on
+    for the others who share it and its outcome is not left unretrieved."""
+    try:
+        await context.send_initial_metadata(())
+    except BaseException:
+        pending.add_done_callback(lambda done: done.cancelled() or done.exception())
+        raise
 
 
 def _pass_through(message: bytes) -> bytes:

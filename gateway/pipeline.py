@@ -180,12 +180,14 @@ class GenerationPipeline:
                 videos,
             )
         yield prompt
-        encode_task = asyncio.create_task(self._encode_all(request, prompt.items))
+        dispatched = asyncio.Event()
+        encode_task = asyncio.create_task(self._encode_all(request, prompt.items, dispatched))
         encode_task.add_done_callback(self._tell_encoded)
         detokenizer = IncrementalDetokenizer(self.builder.family.decode_tokens)
         token_ids: list[int] = []
         first_token_time: float | None = None
         try:
+            await _until_dispatched(dispatched, encode_task)
             async for message in self._decode(request, prompt, encode_task):
                 if message.HasField("tokens"):
                     first_token_time = first_token_time or time.monotonic()
@@ -294,28 +296,39 @@ class GenerationPipeline:
             cache_salt=request.cache_salt,
         )
 
-    async def _encode_all(self, request: GenerationRequest, items: Sequence[PromptItem]) -> list:
+    async def _encode_all(
+        self, request: GenerationRequest, items: Sequence[PromptItem], dispatched: asyncio.Event
+    ) -> list:
         """One Encode per encoder over its unique items; returns the EncodedItem messages.
-        With no encoder known (a gateway in front of --colocated-encoder decoders, or
-        none discovered), nothing is sent: the decoder has every item's bytes and gets
-        its rows itself, or says clearly that it cannot."""
-        if not self.encoders.addresses:
+        `dispatched` is set once every call's encoder has its items in flight (or the call
+        ended). With no encoder known (a gateway in front of --colocated-encoder
+        decoders, or none discovered), nothing is sent: the decoder has every item's
+        bytes and gets its rows itself, or says clearly that it cannot."""
+        if not self.encoders.addresses or not items:
+            dispatched.set()
             return []
         by_encoder: dict[str, dict[str, PromptItem]] = {}
         for item in items:
             address = encoder_order(item.range.content_hash, self.encoders)[0]
             by_encoder.setdefault(address, {})[item.range.content_hash] = item
+        countdown = _Countdown(len(by_encoder), dispatched)
         calls = [
-            self._encode_on(address, request, list(unique.values()))
+            self._encode_on(address, request, list(unique.values()), countdown.one())
             for address, unique in by_encoder.items()
         ]
         results = await asyncio.gather(*calls)
         return [encoded for response in results for encoded in response.items]
 
     async def _encode_on(
-        self, address: str, generation: GenerationRequest, items: list[PromptItem]
+        self,
+        address: str,
+        generation: GenerationRequest,
+        items: list[PromptItem],
+        announced: Callable[[], None],
     ):
-        """Encode on `address`, or on the next encoders in rank if it is unreachable."""
+        """Encode on `address`, or on the next encoders in rank if it is unreachable.
+        Calls `announced` once: when an encoder has the items in flight (its early
+        initial metadata), or when the call ends without that."""
         salt = generation.cache_salt
         request = encoder_pb2.EncodeRequest(
             items=[media_item_to_proto(i.range, i.data, i.options, salt) for i in items],
@@ -328,17 +341,23 @@ class GenerationPipeline:
         )
         order = encoder_order(items[0].range.content_hash, self.encoders)
         candidates = [address, *[a for a in order if a != address]]
-        for candidate in candidates:
-            stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(candidate))
-            try:
-                return await stub.Encode(request, timeout=generation.timeout_seconds)
-            except grpc.aio.AioRpcError as error:
-                if error.code() not in _REPLICA_FAILURES or candidate == candidates[-1]:
-                    raise DownstreamError(
-                        error.code(), f"encoder {candidate}: {error.details()}"
-                    ) from None
-                self.encoders.mark_down(candidate, error.code().name)
-        raise AssertionError("unreachable")
+        try:
+            for candidate in candidates:
+                stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(candidate))
+                try:
+                    call = stub.Encode(request, timeout=generation.timeout_seconds)
+                    await call.initial_metadata()
+                    announced()
+                    return await call
+                except grpc.aio.AioRpcError as error:
+                    if error.code() not in _REPLICA_FAILURES or candidate == candidates[-1]:
+                        raise DownstreamError(
+                            error.code(), f"encoder {candidate}: {error.details()}"
+                        ) from None
+                    self.encoders.mark_down(candidate, error.code().name)
+            raise AssertionError("unreachable")
+        finally:
+            announced()
 
     async def _encode_outcome(self, encode_task: asyncio.Task) -> ItemSources:
         """Where the unique items came from. The decoder finished, so every item was
@@ -349,3 +368,38 @@ class GenerationPipeline:
             log.warning("Encode failed but the decoder recovered: %s", error)
             return ItemSources()
         return ItemSources.of(encoded)
+
+
+class _Countdown:
+    """Sets `done` once each of `count` parties has ticked (`one()`: a party's tick,
+    counted once however often it is called)."""
+
+    def __init__(self, count: int, done: asyncio.Event):
+        self.count, self.done = count, done
+
+    def one(self) -> Callable[[], None]:
+        ticked = False
+
+        def tick() -> None:
+            nonlocal ticked
+            if not ticked:
+                ticked = True
+                self.count -= 1
+                if self.count <= 0:
+                    self.done.set()
+
+        return tick
+
+
+async def _until_dispatched(dispatched: asyncio.Event, encode_task: asyncio.Task) -> None:
+    """Until the encoders have the request's items in flight, so the decode request goes
+    out only then: a decoder fetching sooner finds nothing and sends each item's bytes
+    to be encoded a second time (measured: 4-5 requests in 12 with fresh images). An
+    encoder that does not announce (an older one) ends the wait when its Encode ends."""
+    if dispatched.is_set():
+        return
+    waiter = asyncio.ensure_future(dispatched.wait())
+    try:
+        await asyncio.wait([waiter, encode_task], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
