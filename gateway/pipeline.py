@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.detokenizer import IncrementalDetokenizer
+from gateway.encode_dispatch import Countdown, until_dispatched
 from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
 from gateway.resume import as_one_answer, can_resume, continuation
 from gateway.router import DecoderRouter
@@ -187,7 +188,7 @@ class GenerationPipeline:
         token_ids: list[int] = []
         first_token_time: float | None = None
         try:
-            await _until_dispatched(dispatched, encode_task)
+            await until_dispatched(dispatched, encode_task)
             async for message in self._decode(request, prompt, encode_task):
                 if message.HasField("tokens"):
                     first_token_time = first_token_time or time.monotonic()
@@ -311,7 +312,7 @@ class GenerationPipeline:
         for item in items:
             address = encoder_order(item.range.content_hash, self.encoders)[0]
             by_encoder.setdefault(address, {})[item.range.content_hash] = item
-        countdown = _Countdown(len(by_encoder), dispatched)
+        countdown = Countdown(len(by_encoder), dispatched)
         calls = [
             self._encode_on(address, request, list(unique.values()), countdown.one())
             for address, unique in by_encoder.items()
@@ -347,7 +348,8 @@ class GenerationPipeline:
                 try:
                     call = stub.Encode(request, timeout=generation.timeout_seconds)
                     await call.initial_metadata()
-                    announced()
+                    if not call.done() or await call.code() == grpc.StatusCode.OK:
+                        announced()  # not for a call that failed: the next one announces
                     return await call
                 except grpc.aio.AioRpcError as error:
                     if error.code() not in _REPLICA_FAILURES or candidate == candidates[-1]:
@@ -368,38 +370,3 @@ class GenerationPipeline:
             log.warning("Encode failed but the decoder recovered: %s", error)
             return ItemSources()
         return ItemSources.of(encoded)
-
-
-class _Countdown:
-    """Sets `done` once each of `count` parties has ticked (`one()`: a party's tick,
-    counted once however often it is called)."""
-
-    def __init__(self, count: int, done: asyncio.Event):
-        self.count, self.done = count, done
-
-    def one(self) -> Callable[[], None]:
-        ticked = False
-
-        def tick() -> None:
-            nonlocal ticked
-            if not ticked:
-                ticked = True
-                self.count -= 1
-                if self.count <= 0:
-                    self.done.set()
-
-        return tick
-
-
-async def _until_dispatched(dispatched: asyncio.Event, encode_task: asyncio.Task) -> None:
-    """Until the encoders have the request's items in flight, so the decode request goes
-    out only then: a decoder fetching sooner finds nothing and sends each item's bytes
-    to be encoded a second time (measured: 4-5 requests in 12 with fresh images). An
-    encoder that does not announce (an older one) ends the wait when its Encode ends."""
-    if dispatched.is_set():
-        return
-    waiter = asyncio.ensure_future(dispatched.wait())
-    try:
-        await asyncio.wait([waiter, encode_task], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.pipeline import _Countdown, _until_dispatched
+from gateway.encode_dispatch import Countdown, until_dispatched
 from tessera.client import Client, Message
 from tessera.testbed.reference import noise_image
 from tessera.v1 import common_pb2
@@ -33,7 +33,7 @@ def test_the_wait_ends_when_every_encode_announced_or_ended():
 
     async def scenario() -> None:
         dispatched = asyncio.Event()
-        countdown = _Countdown(2, dispatched)
+        countdown = Countdown(2, dispatched)
         first, second = countdown.one(), countdown.one()
         first()
         first()  # a party counts once
@@ -42,6 +42,6 @@ def test_the_wait_ends_when_every_encode_announced_or_ended():
         assert dispatched.is_set()
         encode_ended = asyncio.get_running_loop().create_future()
         encode_ended.set_result([])
-        await asyncio.wait_for(_until_dispatched(asyncio.Event(), encode_ended), 30)
+        await asyncio.wait_for(until_dispatched(asyncio.Event(), encode_ended), 30)
 
     asyncio.run(scenario())
