@@ -31,8 +31,8 @@ class Countdown:
 
 async def until_dispatched(dispatched: asyncio.Event, encode_task: asyncio.Task) -> None:
     """Until the encoders have the request's items in flight, so the decode request goes
-    out only then: a decoder fetching sooner finds nothing and sends each item's bytes
-    to be encoded a second time (measured: 4-5 requests in 12 with fresh images). An
+    out only then: a decoder fetching sooner can find nothing and send each item's bytes
+    to be encoded a second time (docs/design.md, data flow step 2, says when it did). An
     encoder that does not announce (an older one) ends the wait when its Encode ends."""
     if dispatched.is_set():
         return
