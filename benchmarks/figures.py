@@ -42,6 +42,9 @@ class ArmFigures:
     forward_seconds: float | None = None
     fetch_wait_seconds: float | None = None
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    # CPU seconds by process: each service's over the cell, and the benchmark process's
+    # ("client" for a service arm, "process" for an in-process one) over the arm's turns.
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
     num_near_ties: int = 0
     num_unique_items: int = 0
     # Per-request fetch waits (ms) of requests whose images were all cached (warm) and
@@ -68,7 +71,16 @@ class ArmFigures:
         self.embedding_bytes = (self.embedding_bytes or 0) + received
         self.minimum_bytes = (self.minimum_bytes or 0) + minimum
 
+    def add_cpu(self, role: str, seconds: float) -> None:
+        self.cpu_seconds[role] = self.cpu_seconds.get(role, 0.0) + seconds
+
     # -- the figures ---------------------------------------------------------------------
+
+    @property
+    def cpu_ms_per_request(self) -> dict[str, float]:
+        if not self.num_requests:
+            return {}
+        return {role: s * 1000 / self.num_requests for role, s in self.cpu_seconds.items()}
 
     @property
     def requests_per_s(self) -> float:
@@ -125,6 +137,7 @@ class ArmFigures:
             "request_fetch_wait_cold_ms_p50": median(self.fetch_wait_cold_ms),
             "requests_warm": len(self.fetch_wait_warm_ms),
             "peak_rss_mb": self.peak_rss_mb,
+            "cpu_ms_per_request": self.cpu_ms_per_request,
             "near_ties": self.num_near_ties,
         }
 

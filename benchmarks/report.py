@@ -17,6 +17,8 @@ def arms_table(cell: CellResult) -> str:
     for arm in cell.arms.values():
         s = arm.summary()
         memory = " / ".join(f"{v:.0f}" for v in arm.peak_rss_mb.values()) or "-"
+        cpu = arm.cpu_ms_per_request
+        cpu_text = " / ".join(f"{role} {ms:.0f}" for role, ms in cpu.items()) or "-"
         wait = arm.fetch_wait_fraction
         rows.append(
             [
@@ -31,6 +33,7 @@ def arms_table(cell: CellResult) -> str:
                 arm.bytes_over_minimum,
                 None if wait is None else f"{wait:.1%}",
                 memory,
+                cpu_text,
                 arm.num_near_ties,
             ]
         )
@@ -47,6 +50,7 @@ def arms_table(cell: CellResult) -> str:
             "emb bytes / minimum",
             "fwd wait on emb",
             "peak RSS MB (gw / dec / enc)",
+            "CPU ms per request, by process",
             "near-ties",
         ],
         rows,

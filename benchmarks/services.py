@@ -1,10 +1,11 @@
 """The service arms: real encoder, decoder and gateway processes on loopback, driven by
 closed-loop client threads or an open-loop Poisson schedule, with their counters read
-through GetStats and their peak memory through /proc."""
+through GetStats and their peak memory and CPU time through /proc."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,13 @@ def peak_rss_mb(pid: int | str) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_seconds(pid: int | str) -> float:
+    """User plus system CPU time a process has used, every thread of it."""
+    # /proc/PID/stat: fields 14 and 15 (utime, stime) after the parenthesised name.
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def encoder_stats(address: str, tls: TlsFiles | None = None) -> encoder_pb2.EncoderStats:
@@ -83,6 +91,7 @@ class ServiceCounters:
     forward_seconds: float = 0.0
     fetch_wait_seconds: float = 0.0
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # by role
 
 
 @dataclass
@@ -109,6 +118,7 @@ class ServiceArm:
         return {role: self.cluster.child(n).process.pid for role, n in names.items()}
 
     def snapshot(self) -> ServiceCounters:
+        processes = self.processes()
         decoder = decoder_stats(self.cluster.address(self.decoder), self.tls)
         return ServiceCounters(
             encoder_passes=sum(
@@ -117,7 +127,8 @@ class ServiceArm:
             ),
             forward_seconds=decoder.forward_seconds,
             fetch_wait_seconds=decoder.fetch_wait_seconds,
-            peak_rss_mb={role: peak_rss_mb(pid) for role, pid in self.processes().items()},
+            peak_rss_mb={role: peak_rss_mb(pid) for role, pid in processes.items()},
+            cpu_seconds={role: cpu_seconds(pid) for role, pid in processes.items()},
         )
 
     def reset_peaks(self) -> None:
@@ -131,6 +142,10 @@ class ServiceArm:
             forward_seconds=after.forward_seconds - before.forward_seconds,
             fetch_wait_seconds=after.fetch_wait_seconds - before.fetch_wait_seconds,
             peak_rss_mb=after.peak_rss_mb,
+            cpu_seconds={
+                role: seconds - before.cpu_seconds.get(role, 0.0)
+                for role, seconds in after.cpu_seconds.items()
+            },
         )
 
     def run(

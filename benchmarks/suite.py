@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -123,6 +124,8 @@ class CellRunner:
                 figure.forward_seconds = delta.forward_seconds
                 figure.fetch_wait_seconds = delta.fetch_wait_seconds
                 figure.peak_rss_mb = delta.peak_rss_mb
+                for role, seconds in delta.cpu_seconds.items():
+                    figure.add_cpu(role, seconds)
         return CellResult(
             name=name,
             description=spec.describe(),
@@ -135,6 +138,13 @@ class CellRunner:
         )
 
     def _run_group(self, arm: Arm, group, concurrency, figures, arrivals=None):
+        started_cpu = time.process_time()
+        outcomes = self._run_arm(arm, group, concurrency, figures, arrivals)
+        role = "process" if isinstance(arm, InProcessArm) else "client"
+        figures[arm.name].add_cpu(role, time.process_time() - started_cpu)
+        return outcomes
+
+    def _run_arm(self, arm: Arm, group, concurrency, figures, arrivals):
         if isinstance(arm, InProcessArm):
             reset_peak_rss("self")
             outcomes, wall = arm.run(group, concurrency)
