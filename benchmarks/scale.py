@@ -90,7 +90,7 @@ QUICK = Scale(
 )
 
 FULL = Scale(
-    cells=_cells(c1=8, c4=16, c16=32, zero=16, two=8, convs=4, turns=3, four=8, out=(16, 64)),
+    cells=_cells(c1=8, c4=32, c16=64, zero=32, two=8, convs=4, turns=3, four=8, out=(16, 64)),
     chunk_sizes=[16, 32, 64, 128, 256],
     chunk_requests=3,
     chunk_images=2,
