@@ -50,6 +50,7 @@ class DecoderConfig:
     kv_cache_memory_fraction: float
     block_size: int
     enable_prefix_caching: bool
+    adapt_torch_threads: bool
     max_prefetch_bytes: int
     fetch_mode: str
     colocated_encoder: bool
@@ -196,6 +197,14 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="reuse KV blocks of earlier requests with the same prefix (text and media)",
+    )
+    parser.add_argument(
+        "--adapt-torch-threads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on a CPU, run each forward on one torch thread per CPU the rest of the host "
+        "leaves free (re-decided every 0.2 s, at most --torch-threads): another process's "
+        "busy CPU otherwise stalls every op at its barrier",
     )
     parser.add_argument(
         "--max-prefetch-bytes",

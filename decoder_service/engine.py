@@ -33,6 +33,7 @@ from decoder_service.sampler import SamplerRow, TokenCounts, needs_counts, sampl
 from decoder_service.scheduler import ScheduledChunk, Scheduler
 from tessera.adapters import ModelFamily
 from tessera.compute_thread import compute_thread
+from tessera.thread_governor import ThreadGovernor
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 
 log = logging.getLogger("tessera.decoder")
@@ -72,6 +73,7 @@ class Engine:
         prefetcher: Prefetcher,
         embeddings: EmbeddingClient,
         max_model_len: int,
+        threads: ThreadGovernor | None = None,
     ):
         self.family = family
         self.scheduler = scheduler
@@ -80,6 +82,7 @@ class Engine:
         self.embeddings = embeddings
         self.max_model_len = max_model_len
         self.counters = EngineCounters()
+        self.threads = threads  # sizes the compute thread's torch pool before each forward
         self.grammars = GrammarCompiler.for_family(family)
         # Forwards and sampling: every torch op of the decoder runs on this one thread.
         self._compute = compute_thread()
@@ -202,6 +205,8 @@ class Engine:
         twice (each hand-back leaves the model idle until the loop gets to it). A request
         that ended while the forward ran is not drawn for; the caller emits only what
         `update_from_output` confirms."""
+        if self.threads is not None:
+            self.threads.adjust()
         started = time.monotonic()
         logits = self.runner.run(inputs)
         forward_seconds = time.monotonic() - started

@@ -28,6 +28,7 @@ from tessera.replicas import ReplicaSet
 from tessera.server import serve, service_spec
 from tessera.startup_flags import HelpFormatter
 from tessera.tensor_codec import dtype_name
+from tessera.thread_governor import governor_for_this_process
 from tessera.v1 import decoder_pb2_grpc
 
 log = logging.getLogger("tessera.decoder")
@@ -110,6 +111,10 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
     )
     # Rows usually arrive as float32; the bound is an estimate, not an exact count.
     prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, row_width * 4)
+    threads = None
+    if config.adapt_torch_threads and family.device.type == "cpu":
+        # Built on the compute thread, whose pool it resizes.
+        threads = compute_thread().call(lambda: governor_for_this_process(torch.get_num_threads()))
     return Engine(
         family,
         Scheduler(
@@ -124,6 +129,7 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         prefetcher,
         embeddings,
         max_model_len,
+        threads,
     )
 
 
@@ -172,6 +178,7 @@ async def run(config: DecoderConfig) -> None:
             f"max_num_seqs={config.max_num_seqs} "
             f"max_num_batched_tokens={config.max_num_batched_tokens} "
             f"kv_blocks={kv.num_blocks}x{kv.block_size} prefix_caching={kv.enable_prefix_caching} "
+            f"adapt_torch_threads={'on' if engine.threads else 'off'} "
             f"metrics_port={config.metrics_port or 'off'} "
             f"encoders={sources or 'none'}"
         )

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
+import torch
 
 from decoder_service.config import DecoderConfig
 from decoder_service.engine import RequestFailedError
@@ -20,9 +21,11 @@ from decoder_service.spec import spec_from_proto
 from gateway.prompt import PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.client import Client, Message
+from tessera.compute_thread import compute_thread
 from tessera.media_decoder import MediaLimits
 from tessera.testbed.cluster import Cluster
 from tessera.testbed.reference import assert_greedy_match, noise_image, to_chat_inputs
+from tessera.thread_governor import CpuSample, ThreadGovernor, governor_for_this_process
 from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc
 from tessera.wire import range_to_proto
 
@@ -340,3 +343,57 @@ def test_tokens_ready_together_go_out_together(demo_model_dir):
     one_at_a_time = in_process_engine(family, ["--model", str(demo_model_dir)])
     spec = DecodeSpec("again", tuple(prompt), (), sampling, max_chunk_tokens=64)
     assert asyncio.run(run_all(one_at_a_time, [spec])) == [tokens]
+
+
+class BusyHost:
+    """A host whose other processes use `others` CPUs whenever the governor looks."""
+
+    def __init__(self, others: float):
+        self.others = others
+        self.wall = 0.0
+
+    def sample(self, cpus) -> CpuSample:
+        self.wall += 1.0
+        return CpuSample(self.wall, self.wall * self.others, 0.0)
+
+
+@pytest.mark.parametrize("others", [1.5, 0.0])
+def test_forwards_on_the_threads_the_host_leaves_give_the_same_tokens(demo_model_dir, others):
+    """With the rest of the host busy the engine's forwards run on one thread, with it
+    idle on every one, and the tokens are those of an engine that never adapts."""
+    family, builder = decoder_family(demo_model_dir)
+    compute = compute_thread()
+    num_threads = compute.call(torch.get_num_threads)
+    if compute.call(governor_for_this_process, num_threads) is None:
+        pytest.skip("one torch thread, or a CPU quota hiding what the host shares")
+    prompts = [builder.build(to_chat_inputs(p)).token_ids for p in TEXT_PROMPTS]
+    sampling = SamplingOptions(max_tokens=8, ignore_eos=True)
+
+    def specs(tag: str) -> list[DecodeSpec]:
+        return [
+            DecodeSpec(f"{tag}-{i}", tuple(p), (), sampling, max_chunk_tokens=16)
+            for i, p in enumerate(prompts)
+        ]
+
+    fixed = in_process_engine(family, ["--model", str(demo_model_dir), "--no-adapt-torch-threads"])
+    assert fixed.threads is None
+    expected = asyncio.run(run_all(fixed, specs("fixed")))
+    adapting = in_process_engine(family, ["--model", str(demo_model_dir)])
+    assert adapting.threads is not None  # on by default
+    used: list[int] = []
+
+    def set_threads(count: int) -> None:
+        torch.set_num_threads(count)
+        used.append(count)
+
+    host = BusyHost(others)
+    adapting.threads = ThreadGovernor(
+        {0, 1}, num_threads, set_threads, host.sample, window_seconds=0.0, clock=lambda: 1e9
+    )
+    try:
+        tokens = asyncio.run(run_all(adapting, specs("adapting")))
+    finally:
+        compute.call(torch.set_num_threads, num_threads)
+    assert tokens == expected
+    assert used == ([1] if others else [])  # set once, on the compute thread's first step
+    assert adapting.threads.threads == (1 if others else num_threads)

@@ -1,0 +1,135 @@
+"""Fewer torch threads while the rest of the host keeps its CPUs busy.
+
+A torch op on a CPU splits its work over the calling thread's intra-op threads and waits
+at a barrier for the last of them. When another process keeps a CPU busy (an encoder
+computing beside a decoder, as `tessera serve` and the benchmarks run them on one host),
+one of those threads is preempted and every op waits for it, spinning. Measured on 2
+cores (docs/benchmarks.md, "Sizing the decoder's threads step by step"): during a burst
+of new images a two-thread decoder used 6.6 CPU-seconds for forwards it ran in 3.5 on one
+thread, and finished the burst later.
+
+The governor looks at how much CPU the rest of the host used over the last window and
+gives the compute thread one intra-op thread per CPU left, at least one:
+
+    2 CPUs, the others used 1.1 of them over the last 0.2 s -> round(2 - 1.1) = 1 thread
+    2 CPUs, the others used 0.3                             -> round(1.7)     = 2 threads
+
+It reads /proc/stat over the CPUs of the process's affinity mask, so it runs only where
+those CPUs are all the process may use (a host, or a container pinned to CPUs); under a
+cgroup quota tighter than the mask the other tenants' time says nothing about ours, and
+it stays off. Call `adjust` on the thread that runs the model, before each forward:
+torch keeps the thread count per calling thread. Changing it does not change results
+(the same matmul and attention on one or two threads are bit-identical here: tested).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera.cpus import usable_cpus
+
+log = logging.getLogger(__name__)
+
+WINDOW_SECONDS = 0.2  # /proc/stat counts in 10 ms ticks: ~0.1 CPU of error per CPU here
+# /proc/stat's per-CPU fields that count work: user, nice, system, irq, softirq (not
+# idle, iowait, or steal, which is time the hypervisor gave to someone else).
+_BUSY_FIELDS = (0, 1, 2, 5, 6)
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    wall_seconds: float
+    host_busy_seconds: float  # summed over the watched CPUs
+    own_seconds: float  # this process's CPU time, every thread
+
+
+def read_host_busy_seconds(cpus: Collection[int], stat_text: str | None = None) -> float:
+    """Busy time of `cpus` since boot, from /proc/stat ("cpu3 120 0 40 ..." lines)."""
+    text = Path("/proc/stat").read_text() if stat_text is None else stat_text
+    ticks = 0
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        fields = rest.split()
+        ticks += sum(int(fields[i]) for i in _BUSY_FIELDS)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def sample_cpus(cpus: Collection[int]) -> CpuSample:
+    times = os.times()
+    return CpuSample(time.monotonic(), read_host_busy_seconds(cpus), times.user + times.system)
+
+
+def threads_for(num_cpus: int, others_cpus: float, max_threads: int) -> int:
+    """One thread per CPU the others leave, rounded, within `[1, max_threads]`."""
+    return max(1, min(max_threads, round(num_cpus - others_cpus)))
+
+
+class ThreadGovernor:
+    """Sizes the calling thread's torch intra-op pool to the CPUs the host leaves it."""
+
+    def __init__(
+        self,
+        cpus: Collection[int],
+        max_threads: int,
+        set_threads: Callable[[int], None],
+        sample: Callable[[Collection[int]], CpuSample] = sample_cpus,
+        window_seconds: float = WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.cpus = frozenset(cpus)
+        self.max_threads = max_threads
+        self.threads = max_threads
+        self.num_changes = 0
+        self._set_threads = set_threads
+        self._sample = sample
+        self._window_seconds = window_seconds
+        self._clock = clock
+        self._last = sample(self.cpus)
+
+    def adjust(self) -> int:
+        """The thread count for the next forward (re-decided once a window has passed)."""
+        if self._clock() - self._last.wall_seconds < self._window_seconds:
+            return self.threads  # most steps: no system call
+        now = self._sample(self.cpus)
+        elapsed = now.wall_seconds - self._last.wall_seconds
+        others = now.host_busy_seconds - self._last.host_busy_seconds
+        others -= now.own_seconds - self._last.own_seconds
+        self._last = now
+        wanted = threads_for(len(self.cpus), max(0.0, others) / elapsed, self.max_threads)
+        if wanted != self.threads:
+            self._set_threads(wanted)
+            self.threads = wanted
+            self.num_changes += 1
+        return self.threads
+
+
+def governor_for_this_process(
+    max_threads: int, cpus: Collection[int] | None = None, num_usable: int | None = None
+) -> ThreadGovernor | None:
+    """A governor over this process's CPUs (its affinity mask, unless `cpus`), or None
+    where it has nothing to decide (one thread) or cannot see what it shares: a cgroup
+    quota leaving fewer CPUs (`num_usable`, by default `usable_cpus()`) than the mask
+    holds, or no /proc/stat."""
+    import torch
+
+    if cpus is None:
+        if not hasattr(os, "sched_getaffinity"):
+            return None
+        cpus = os.sched_getaffinity(0)
+    if max_threads <= 1:
+        return None
+    if (usable_cpus() if num_usable is None else num_usable) < len(cpus):
+        log.info("adaptive torch threads off: a CPU quota tighter than the affinity mask")
+        return None
+    try:
+        return ThreadGovernor(cpus, max_threads, torch.set_num_threads)
+    except OSError as error:
+        log.info("adaptive torch threads off: %s", error)
+        return None
