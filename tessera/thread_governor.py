@@ -11,8 +11,8 @@ thread, and finished the burst later.
 The governor looks at how much CPU the rest of the host used over the last window and
 gives the compute thread one intra-op thread per CPU left, at least one:
 
-    2 CPUs, the others used 1.1 of them over the last 0.2 s -> round(2 - 1.1) = 1 thread
-    2 CPUs, the others used 0.3                             -> round(1.7)     = 2 threads
+    2 CPUs, the others used 1.1 of them over the last 0.2 s -> 2 - 1.1 = 0.9: 1 thread
+    2 CPUs, the others used 0.3                             -> 1.7: 2 threads
 
 It reads /proc/stat over the CPUs of the process's affinity mask, so it runs only where
 those CPUs are all the process may use (a host, or a container pinned to CPUs); under a
@@ -25,6 +25,7 @@ torch keeps the thread count per calling thread. Changing it does not change res
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Collection
@@ -67,8 +68,8 @@ def sample_cpus(cpus: Collection[int]) -> CpuSample:
 
 
 def threads_for(num_cpus: int, others_cpus: float, max_threads: int) -> int:
-    """One thread per CPU the others leave, rounded, within `[1, max_threads]`."""
-    return max(1, min(max_threads, round(num_cpus - others_cpus)))
+    """One thread per CPU the others leave, rounded half up, within `[1, max_threads]`."""
+    return max(1, min(max_threads, math.floor(num_cpus - others_cpus + 0.5)))
 
 
 class ThreadGovernor:

@@ -50,6 +50,7 @@ def test_busy_time_of_this_host_grows_with_work_done_on_it():
         (2, 1.1, 2, 1),
         (2, 2.0, 2, 1),  # never fewer than one
         (8, 2.6, 8, 5),
+        (4, 1.5, 4, 3),  # half up, not to the even 2
         (8, 0.0, 4, 4),  # never more than --torch-threads
     ],
 )
