@@ -22,6 +22,7 @@ from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.channels import ChannelPool
 from tessera.compute_thread import compute_thread, set_torch_threads
 from tessera.config_common import served_model_name
+from tessera.cpus import usable_cpus
 from tessera.logs import configure_logging
 from tessera.metrics import new_registry, serve_metrics
 from tessera.replicas import ReplicaSet
@@ -113,8 +114,10 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
     prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, row_width * 4)
     threads = None
     if config.adapt_torch_threads and family.device.type == "cpu":
-        # Built on the compute thread, whose pool it resizes.
-        threads = compute_thread().call(lambda: governor_for_this_process(torch.get_num_threads()))
+        # At most what --torch-threads gives, not the pool's size now: an earlier engine's
+        # governor in this process (tests, benchmarks) may have shrunk it.
+        max_threads = config.torch_threads or usable_cpus()
+        threads = compute_thread().call(governor_for_this_process, max_threads)
     return Engine(
         family,
         Scheduler(

@@ -22,6 +22,7 @@ from gateway.prompt import PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
 from tessera.client import Client, Message
 from tessera.compute_thread import compute_thread
+from tessera.cpus import usable_cpus
 from tessera.media_decoder import MediaLimits
 from tessera.testbed.cluster import Cluster
 from tessera.testbed.reference import assert_greedy_match, noise_image, to_chat_inputs
@@ -397,3 +398,19 @@ def test_forwards_on_the_threads_the_host_leaves_give_the_same_tokens(demo_model
     assert tokens == expected
     assert used == ([1] if others else [])  # set once, on the compute thread's first step
     assert adapting.threads.threads == (1 if others else num_threads)
+
+
+def test_a_later_engine_adapts_up_to_all_its_cpus_whatever_the_pool_is_now(demo_model_dir):
+    """An engine built after another's governor shrank the compute thread's pool (tests,
+    the step benchmark) still adapts up to every CPU it may use."""
+    family, _ = decoder_family(demo_model_dir)
+    compute = compute_thread()
+    num_threads = compute.call(torch.get_num_threads)
+    if usable_cpus() < 2 or compute.call(governor_for_this_process, num_threads) is None:
+        pytest.skip("one CPU, or a CPU quota hiding what the host shares")
+    compute.call(torch.set_num_threads, 1)  # as a governor leaves it with the host busy
+    try:
+        engine = in_process_engine(family, ["--model", str(demo_model_dir)])
+    finally:
+        compute.call(torch.set_num_threads, num_threads)
+    assert engine.threads is not None and engine.threads.max_threads == usable_cpus()
