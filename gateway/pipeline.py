@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.detokenizer import IncrementalDetokenizer
-from gateway.encode_dispatch import Countdown, until_dispatched
+from gateway.encode_dispatch import Countdown, encode_announced, until_dispatched
 from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
 from gateway.resume import as_one_answer, can_resume, continuation
 from gateway.router import DecoderRouter
@@ -23,7 +23,7 @@ from tessera.channels import ChannelPool
 from tessera.compute_thread import compute_thread
 from tessera.rendezvous import encoder_order
 from tessera.replicas import ReplicaSet
-from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2, encoder_pb2_grpc
+from tessera.v1 import common_pb2, decoder_pb2, decoder_pb2_grpc, encoder_pb2
 from tessera.video import MAX_CONCURRENT_VIDEO_DECODES
 from tessera.wire import media_item_to_proto, range_to_proto
 
@@ -344,13 +344,11 @@ class GenerationPipeline:
         candidates = [address, *[a for a in order if a != address]]
         try:
             for candidate in candidates:
-                stub = encoder_pb2_grpc.EncoderServiceStub(self.channels.get(candidate))
+                channel = self.channels.get(candidate)
                 try:
-                    call = stub.Encode(request, timeout=generation.timeout_seconds)
-                    await call.initial_metadata()
-                    if not call.done() or await call.code() == grpc.StatusCode.OK:
-                        announced()  # not for a call that failed: the next one announces
-                    return await call
+                    return await encode_announced(
+                        channel, request, generation.timeout_seconds, announced
+                    )
                 except grpc.aio.AioRpcError as error:
                     if error.code() not in _REPLICA_FAILURES or candidate == candidates[-1]:
                         raise DownstreamError(
