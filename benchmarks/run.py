@@ -94,6 +94,23 @@ class Bench:
             self.tessera_b = add_deployment(
                 self.cluster, "tessera-b", model, 1, b_flags, DECODER_FLAGS, unique, self.tls
             )
+        self.tessera_mtls = self.mtls_cluster = None
+        if "growth" in suites and not self.args.tls:
+            # The growth table also shows the front door of a gateway the encoder
+            # authenticates: hashes taken as given, large images sent processed.
+            certs = role_certificates()
+            self.mtls_cluster = Cluster(client_tls=certs["client"])
+            encoder_flags = shlex.split(self.args.encoder_flags)
+            self.tessera_mtls = add_deployment(
+                self.mtls_cluster,
+                "tessera-mtls",
+                model,
+                1,
+                encoder_flags,
+                DECODER_FLAGS,
+                unique,
+                certs,
+            )
         self.whole = self.no_cache = None
         # The baselines run only in the suites that compare them: three service
         # processes each, on a machine that may be short of memory.
@@ -123,6 +140,8 @@ class Bench:
         started = time.perf_counter()
         print(f"starting {len(self.cluster.children)} service processes", flush=True)
         self.cluster.wait_ready()
+        if self.mtls_cluster is not None:
+            self.mtls_cluster.wait_ready()
         print(f"  ready in {time.perf_counter() - started:.0f}s", flush=True)
         reference = Reference(Path(model), RunOn(self.args.device, self.args.dtype))
         self.hf = HfGenerate(reference)
@@ -163,14 +182,17 @@ class Bench:
 
     @property
     def extra_arms(self) -> list:
-        """Arms only the growth table runs (--growth-compare-encoder-flags)."""
-        return [self.tessera_b] if self.tessera_b is not None else []
+        """Arms only the growth table runs (--growth-compare-encoder-flags, and the
+        mutual-TLS deployment unless every arm has mutual TLS)."""
+        return [arm for arm in (self.tessera_b, self.tessera_mtls) if arm is not None]
 
     def stop(self) -> None:
         for arm in (self.tessera, self.whole, self.no_cache, self.colocated, *self.extra_arms):
             if arm is not None:
                 arm.close()
         self.cluster.stop()
+        if self.mtls_cluster is not None:
+            self.mtls_cluster.stop()
         if self.redis is not None:
             self.redis.kill()
 

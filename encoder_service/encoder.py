@@ -18,10 +18,13 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
+import torch
+
 from encoder_service.batcher import Batcher
 from encoder_service.config import DEFAULT_MAX_BATCH_PIXELS
 from encoder_service.memory_store import Lease, MemoryStore
 from tessera.adapters import MediaInput, ModelFamily
+from tessera.adapters.base import ProcessedImage
 from tessera.audio import DecodedAudio
 from tessera.hashing import is_content_hash, salted_hash
 from tessera.media import DecodedImage, ProcessingOptions
@@ -59,6 +62,14 @@ class EncodeItem:
     hash_trusted: bool = False
     # A video decoded before it was queued (off the model thread); None: decode in batch.
     decoded: DecodedVideo | None = field(default=None, compare=False)
+    # An image's pixel values from a caller trusted with hashes (processed_pixels.py):
+    # the tower runs on them and `data` is not decoded.
+    pixel_values: torch.Tensor | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.pixel_values is not None and not self.hash_trusted:
+            # Rows made from them are filed under the caller's hash, unchecked.
+            raise ValueError("pixel values are taken only from a caller trusted with hashes")
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,8 @@ class EncoderCounters:
     num_bytes_served: int = 0
     num_hashes_verified: int = 0
     num_hashes_trusted: int = 0
+    num_pixel_values_used: int = 0
+    num_pixel_values_ignored: int = 0
     num_slice_calls: int = 0
 
 
@@ -375,7 +388,7 @@ class EncoderCore:
         decoded = []
         for index, item in enumerate(items):
             try:
-                media = item.decoded or self.decoder.decode(item.modality, item.data, item.options)
+                media = self._media(item)
             except ValueError as error:
                 outcomes.append(InvalidItemError(str(error)))
                 continue
@@ -393,6 +406,15 @@ class EncoderCore:
                 for (index, _), tensor in zip(group, rows, strict=True):
                     outcomes[index] = encode_rows(tensor)
         return outcomes
+
+    def _media(
+        self, item: EncodeItem
+    ) -> DecodedImage | ProcessedImage | DecodedAudio | DecodedVideo:
+        """What the tower takes: a trusted gateway's pixel values, else the decoded file."""
+        if item.pixel_values is not None:
+            self.counters.num_pixel_values_used += 1
+            return ProcessedImage(item.pixel_values)
+        return item.decoded or self.decoder.decode(item.modality, item.data, item.options)
 
     def _check_hash(
         self, item: EncodeItem, media: DecodedImage | DecodedAudio | DecodedVideo

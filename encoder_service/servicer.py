@@ -18,6 +18,7 @@ from encoder_service.encoder import (
 )
 from encoder_service.hash_trust import HashTrust
 from encoder_service.memory_store import Lease
+from encoder_service.processed_pixels import FilesWantedError, pixels_of
 from tessera.access import caller_name
 from tessera.limits import check_cache_salt, check_request_id
 from tessera.media import ProcessingOptions
@@ -26,7 +27,7 @@ from tessera.row_stream import encode_rows_message
 from tessera.server import abort_unless_ready
 from tessera.tensor_codec import RowBlock
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
-from tessera.wire import fill_block_proto, modality_from_proto
+from tessera.wire import FILES_WANTED_KEY, fill_block_proto, modality_from_proto
 
 SERVICE = "tessera.v1.EncoderService"
 _SOURCE_TO_PROTO = {
@@ -68,8 +69,9 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
     async def Encode(self, request, context):
         await abort_unless_ready(context, self.core is not None)
         try:
+            family = self.core.family
             trusted = self.trust.trusts(
-                caller_name(context), request.model_fingerprint, self.core.family.fingerprint
+                caller_name(context), request.model_fingerprint, family.fingerprint
             )
             items = [
                 EncodeItem(
@@ -79,6 +81,9 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
                     ProcessingOptions.of(item.processing_options),
                     check_cache_salt(item.cache_salt),
                     hash_trusted=trusted,
+                    pixel_values=pixels_of(
+                        item, trusted, family.processed_pixels_shape, self.core.counters
+                    ),
                 )
                 for item in request.items
             ]
@@ -91,6 +96,10 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
             # sending their bytes a second time).
             await _announce(context, pending)
             results = await pending
+        except FilesWantedError as error:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, str(error), ((FILES_WANTED_KEY, "1"),)
+            )
         except (InvalidItemError, ValueError) as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         return encoder_pb2.EncodeResponse(
@@ -262,6 +271,8 @@ def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
         num_hashes_verified=counters.num_hashes_verified,
         num_hashes_trusted=counters.num_hashes_trusted,
         num_slice_calls=counters.num_slice_calls,
+        num_pixel_values_used=counters.num_pixel_values_used,
+        num_pixel_values_ignored=counters.num_pixel_values_ignored,
     )
 
 
@@ -338,6 +349,18 @@ ENCODER_METRICS: tuple[StatField, ...] = (
         "Items computed whose content hash was taken from a trusted caller unchecked",
         "counter",
         "num_hashes_trusted",
+    ),
+    (
+        "tessera_encoder_pixel_values_used_total",
+        "Items computed from a trusted gateway's processed pixel values (file not decoded)",
+        "counter",
+        "num_pixel_values_used",
+    ),
+    (
+        "tessera_encoder_pixel_values_ignored_total",
+        "Items whose pixel values came from an untrusted caller (file decoded instead)",
+        "counter",
+        "num_pixel_values_ignored",
     ),
     (
         "tessera_encoder_slice_calls_total",

@@ -83,7 +83,14 @@ class GatewayConfig:
     generation_config: str  # "auto": sampling defaults from the checkpoint; "vllm": neutral
     tool_call_parser: str  # how tool calls are read out of text (gateway/tool_calls.py)
     enable_auto_tool_choice: bool
+    send_processed_images: bool  # --send-processed-images, as asked (see sends_processed_images)
     torch_threads: int = 0  # --torch-threads (0: torch's default)
+
+    @property
+    def sends_processed_images(self) -> bool:
+        """Only an encoder that authenticated this gateway by its certificate (mutual TLS)
+        may use an image's pixel values, so without one they are not sent."""
+        return self.send_processed_images and bool(self.tls.cert_file)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
@@ -228,6 +235,15 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         "--enable-auto-tool-choice",
         action="store_true",
         help='allow tool_choice "auto" (the model decides whether to call; vLLM\'s flag)',
+    )
+    parser.add_argument(
+        "--send-processed-images",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with a client certificate (mutual TLS), send each image whose processed "
+        "pixel values are smaller than its decoded pixels to its encoder with them: an "
+        "encoder that trusts this gateway's content hashes then runs its tower on them "
+        "instead of decoding the file again (the file goes too, for any other encoder)",
     )
     add_replica_flags(parser)
     parser.add_argument(

@@ -5,11 +5,15 @@ metadata), so the decoder's first fetch finds them."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import grpc
 
 from tessera.v1 import encoder_pb2
+from tessera.wire import FILES_WANTED_KEY
+
+log = logging.getLogger("tessera.gateway")
 
 _ENCODE = encoder_pb2.DESCRIPTOR.services_by_name["EncoderService"].methods_by_name["Encode"]
 ENCODE_METHOD = f"/{_ENCODE.containing_service.full_name}/{_ENCODE.name}"
@@ -84,3 +88,38 @@ async def encode_announced(
             details=f"Encode answered {len(responses)} messages, not one",
         )
     return responses[0]
+
+
+def wants_files(error: grpc.aio.AioRpcError) -> bool:
+    """An Encode refused because it sent pixel values in place of files to an encoder
+    that does not trust this gateway's content hashes (encoder_service/processed_pixels.py)."""
+    return error.code() == grpc.StatusCode.FAILED_PRECONDITION and any(
+        key == FILES_WANTED_KEY for key, _ in error.trailing_metadata() or ()
+    )
+
+
+async def encode_at(
+    channel: grpc.aio.Channel,
+    address: str,
+    request_for: Callable[[bool], encoder_pb2.EncodeRequest],
+    timeout: float | None,
+    announced: Callable[[], None],
+    files_wanted: set[str],
+) -> encoder_pb2.EncodeResponse:
+    """`encode_announced` at `address` of `request_for(with_pixel_values)`: large images
+    as pixel values, unless that encoder asked for files (then it is added to
+    `files_wanted`, and the same Encode sent again with files)."""
+    with_pixels = address not in files_wanted
+    try:
+        return await encode_announced(channel, request_for(with_pixels), timeout, announced)
+    except grpc.aio.AioRpcError as error:
+        if not (with_pixels and wants_files(error)):
+            raise
+    log.warning(
+        "encoder %s does not trust this gateway's content hashes: it gets files from now "
+        "on, not processed images (does its --trust-content-hashes-from name this "
+        "gateway's certificate?)",
+        address,
+    )
+    files_wanted.add(address)
+    return await encode_announced(channel, request_for(False), timeout, announced)

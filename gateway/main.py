@@ -60,8 +60,15 @@ async def run(config: GatewayConfig) -> None:
         # Fails the start, not each request, when --mm-processor-kwargs is wrong.
         family.processing_options(config.mm_processor_kwargs, num_items=1)
         builder = PromptBuilder(
-            family, config.media_limits, config.limit_mm_per_prompt, config.mm_processor_kwargs
+            family,
+            config.media_limits,
+            config.limit_mm_per_prompt,
+            config.mm_processor_kwargs,
+            config.sends_processed_images,
         )
+        processed_images = "off"
+        if config.sends_processed_images and family.processed_pixels_shape:
+            processed_images = "x".join(map(str, family.processed_pixels_shape))
         channels = ChannelPool(tls=config.tls)
         encoders, decoders = (
             ReplicaSet(
@@ -130,7 +137,8 @@ async def run(config: GatewayConfig) -> None:
             f"chat_template={'--chat-template' if config.chat_template else 'the checkpoint'} "
             f"max_request_bytes={config.max_request_bytes} "
             f"max_queued_requests={config.max_queued_requests} "
-            f"allowed_media_domains={','.join(config.allowed_media_domains) or 'none'}"
+            f"allowed_media_domains={','.join(config.allowed_media_domains) or 'none'} "
+            f"processed_images={processed_images}"
         )
 
     spec = service_spec("gateway", config)

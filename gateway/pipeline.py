@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.detokenizer import IncrementalDetokenizer
-from gateway.encode_dispatch import Countdown, encode_announced, until_dispatched
+from gateway.encode_dispatch import Countdown, encode_at, until_dispatched
 from gateway.prompt import ChatInput, Prompt, PromptBuilder, PromptItem
 from gateway.resume import as_one_answer, can_resume, continuation
 from gateway.router import DecoderRouter
@@ -138,6 +139,8 @@ class GenerationPipeline:
         # Told where each request's items were found, once its Encode calls answer
         # (whether or not the request still runs then): the encoder cache metrics.
         self.encoded_listeners: list[Callable[[ItemSources], None]] = []
+        # Encoders that refused pixel values (they do not trust this gateway's hashes).
+        self.files_wanted: set[str] = set()
 
     @staticmethod
     def new_request_id() -> str:
@@ -330,24 +333,20 @@ class GenerationPipeline:
         """Encode on `address`, or on the next encoders in rank if it is unreachable.
         Calls `announced` once: when an encoder has the items in flight (its early
         initial metadata), or when the call ends without that."""
-        salt = generation.cache_salt
-        request = encoder_pb2.EncodeRequest(
-            items=[media_item_to_proto(i.range, i.data, i.options, salt) for i in items],
-            lease_owner=generation.request_id,
-            lease_ms=self.lease_ms,
-            # What the hashes were made with: an encoder that trusts this gateway's
-            # hashes (mutual TLS) then skips hashing the pixels again, and one serving
-            # another model refuses instead of filing its rows under these names.
-            model_fingerprint=self.builder.family.fingerprint,
-        )
         order = encoder_order(items[0].range.content_hash, self.encoders)
         candidates = [address, *[a for a in order if a != address]]
+        request_for = functools.partial(self._encode_request, generation, items)
         try:
             for candidate in candidates:
                 channel = self.channels.get(candidate)
                 try:
-                    return await encode_announced(
-                        channel, request, generation.timeout_seconds, announced
+                    return await encode_at(
+                        channel,
+                        candidate,
+                        request_for,
+                        generation.timeout_seconds,
+                        announced,
+                        self.files_wanted,
                     )
                 except grpc.aio.AioRpcError as error:
                     if error.code() not in _REPLICA_FAILURES or candidate == candidates[-1]:
@@ -358,6 +357,25 @@ class GenerationPipeline:
             raise AssertionError("unreachable")
         finally:
             announced()
+
+    def _encode_request(
+        self, generation: GenerationRequest, items: list[PromptItem], with_pixel_values: bool
+    ) -> encoder_pb2.EncodeRequest:
+        salt = generation.cache_salt
+        return encoder_pb2.EncodeRequest(
+            items=[
+                media_item_to_proto(
+                    i.range, i.data, i.options, salt, i.pixel_values if with_pixel_values else None
+                )
+                for i in items
+            ],
+            lease_owner=generation.request_id,
+            lease_ms=self.lease_ms,
+            # What the hashes were made with: an encoder that trusts this gateway's
+            # hashes (mutual TLS) then skips hashing the pixels again, and one serving
+            # another model refuses instead of filing its rows under these names.
+            model_fingerprint=self.builder.family.fingerprint,
+        )
 
     async def _encode_outcome(self, encode_task: asyncio.Task) -> ItemSources:
         """Where the unique items came from. The decoder finished, so every item was

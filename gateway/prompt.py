@@ -22,8 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import torch
 from jinja2 import TemplateError
 
+from gateway.processed_pixels import PixelValues
 from tessera.adapters import ItemPlacement, MediaInput, ModelFamily
 from tessera.hashing import salted_hash
 from tessera.media import ProcessingOptions
@@ -72,6 +74,9 @@ class PromptItem:
     range: PlaceholderRange
     data: bytes
     options: ProcessingOptions = field(default_factory=ProcessingOptions)
+    # The image processor's output, for an encoder that trusts this gateway
+    # (gateway/processed_pixels.py); None: the encoder decodes `data`.
+    pixel_values: torch.Tensor | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class _PreparedItem:
     content_hash: str
     placement: ItemPlacement
     options: ProcessingOptions
+    pixel_values: torch.Tensor | None
 
 
 class PromptBuilder:
@@ -96,8 +102,12 @@ class PromptBuilder:
         limits: MediaLimits,
         limit_mm_per_prompt: MediaCountLimits | int,
         default_processing_options: Mapping[str, int] | None = None,
+        send_processed_pixels: bool = False,
     ):
+        """`send_processed_pixels`: attach large images' pixel values for the encoders
+        (gateway/processed_pixels.py); only an encoder that trusts this gateway uses them."""
         self.family = family
+        self.pixel_values = PixelValues(family, send_processed_pixels)
         self.decoder = MediaDecoder.for_family(family, limits)
         # A plain number: that many items of every modality.
         self.limit_mm_per_prompt = MediaCountLimits.of(limit_mm_per_prompt)
@@ -257,8 +267,11 @@ class PromptBuilder:
             placement = self.family.item_placement(MediaInput(media, options))
         except ValueError as error:
             raise PromptError(f"{part.modality.value} {index}: {error}") from None
-        content_hash = salted_hash(media.content_hash(self.family.fingerprint, options), cache_salt)
-        return _PreparedItem(part.modality, part.data, content_hash, placement, options)
+        content_hash, pixels = self.pixel_values.hash_and_pixels(
+            media,
+            lambda: salted_hash(media.content_hash(self.family.fingerprint, options), cache_salt),
+        )
+        return _PreparedItem(part.modality, part.data, content_hash, placement, options, pixels)
 
     def _item_options(self, options: ProcessingOptions, modality: Modality) -> ProcessingOptions:
         """The request's options an item of `modality` is processed and hashed with. A
@@ -350,7 +363,7 @@ class PromptBuilder:
                     item.placement.layout,
                     row_start=index * num_rows,
                 )
-                items.append(PromptItem(placeholder, item.data, item.options))
+                items.append(PromptItem(placeholder, item.data, item.options, item.pixel_values))
                 cursor = offset + num_rows
         num_placeholders = sum(token_ids.count(t) for t in set(placeholder_ids.values()))
         if num_placeholders != sum(item.range.length for item in items):

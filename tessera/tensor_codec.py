@@ -111,3 +111,32 @@ def decode_rows(dtype: str, shape: list[int] | tuple[int, ...], data: bytes) -> 
     check_block(dtype, shape, len(data))
     flat = torch.frombuffer(bytearray(data), dtype=parse_dtype(dtype))
     return flat.view(shape[0], shape[1])
+
+
+# Image processors return float32 pixel values; the tower casts them to its own dtype.
+PIXELS_DTYPE = "float32"
+
+
+def encode_pixels(tensor: torch.Tensor) -> bytes:
+    """One image's float32 pixel values (any shape, any device) as raw bytes."""
+    if tensor.dtype != torch.float32:
+        raise CodecError(f"pixel values are {PIXELS_DTYPE}, got {tensor.dtype}")
+    return tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def decode_pixels(
+    dtype: str, shape: list[int] | tuple[int, ...], data: bytes, expected_shape: tuple[int, ...]
+) -> torch.Tensor:
+    """Raw bytes back to one image's pixel values, which must be float32 of exactly
+    `expected_shape` (what this model's image processor makes)."""
+    if dtype != PIXELS_DTYPE:
+        raise CodecError(f"pixel values must be {PIXELS_DTYPE}, got {dtype!r}")
+    if tuple(shape) != tuple(expected_shape):
+        raise CodecError(
+            f"pixel values of shape {list(shape)}; this model's image processor makes "
+            f"{list(expected_shape)}"
+        )
+    expected = math.prod(expected_shape) * torch.float32.itemsize
+    if len(data) != expected:
+        raise CodecError(f"{len(data)} bytes of pixel values; shape {list(shape)} needs {expected}")
+    return torch.frombuffer(bytearray(data), dtype=torch.float32).view(expected_shape)

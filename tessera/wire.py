@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from tessera.media import ProcessingOptions
 from tessera.placeholders import ItemLayout, Modality, PlaceholderRange
-from tessera.tensor_codec import RowBlock, check_block
+from tessera.tensor_codec import PIXELS_DTYPE, RowBlock, check_block, encode_pixels
 from tessera.v1 import common_pb2
 
 _MODALITY_TO_PROTO = {
@@ -13,6 +15,9 @@ _MODALITY_TO_PROTO = {
     Modality.VIDEO: common_pb2.MODALITY_VIDEO,
 }
 _MODALITY_FROM_PROTO = {value: key for key, value in _MODALITY_TO_PROTO.items()}
+# Trailing metadata of an Encode refused because an item came as pixel values to an
+# encoder that does not trust the caller's content hashes: send the files instead.
+FILES_WANTED_KEY = "tessera-files-wanted"
 # Seconds of video per temporal grid step: a frame every hour at temporal patch 2 is
 # 7200; anything above (or NaN) is not a layout any processor makes.
 MAX_SECOND_PER_GRID_T = 7200.0
@@ -76,17 +81,27 @@ def range_from_proto(message: common_pb2.PlaceholderRange) -> PlaceholderRange:
 
 
 def media_item_to_proto(
-    item: PlaceholderRange, data: bytes, options: ProcessingOptions, cache_salt: str = ""
+    item: PlaceholderRange,
+    data: bytes,
+    options: ProcessingOptions,
+    cache_salt: str = "",
+    pixel_values: torch.Tensor | None = None,
 ) -> common_pb2.MediaItem:
     """The item named by `item`'s (salted) content hash, with its encoded bytes, options
-    and the salt its hash was made with."""
-    return common_pb2.MediaItem(
+    and the salt its hash was made with; with an image's processed `pixel_values`, those
+    in place of the bytes (common.proto says who takes them)."""
+    message = common_pb2.MediaItem(
         modality=modality_to_proto(item.modality),
-        data=data,
+        data=data if pixel_values is None else b"",
         content_hash=item.content_hash,
         processing_options=options.as_dict(),
         cache_salt=cache_salt,
     )
+    if pixel_values is not None:
+        message.pixel_values.dtype = PIXELS_DTYPE
+        message.pixel_values.shape[:] = pixel_values.shape
+        message.pixel_values.data = encode_pixels(pixel_values)
+    return message
 
 
 def block_to_proto(block: RowBlock) -> common_pb2.TensorBytes:

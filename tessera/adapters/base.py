@@ -79,11 +79,20 @@ class AttentionRules:
 
 
 @dataclass(frozen=True)
-class MediaInput:
-    """A decoded item (an image, a clip of audio, a video's sampled frames) and the
-    processing options it is encoded with."""
+class ProcessedImage:
+    """An image as the model's image processor made it (a trusted gateway did, so the
+    encoder need not decode its file): float32 pixel values of the family's
+    `processed_pixels_shape`."""
 
-    media: DecodedImage | DecodedAudio | DecodedVideo
+    pixel_values: torch.Tensor
+
+
+@dataclass(frozen=True)
+class MediaInput:
+    """A decoded item (an image, a clip of audio, a video's sampled frames), or an image
+    already processed, and the processing options it is encoded with."""
+
+    media: DecodedImage | ProcessedImage | DecodedAudio | DecodedVideo
     options: ProcessingOptions = field(default_factory=ProcessingOptions)
 
     @property
@@ -233,6 +242,17 @@ class ModelFamily(Protocol):
         ...
 
     def decode_tokens(self, token_ids: Sequence[int]) -> str: ...
+
+    # The shape of one image's pixel values where the family encodes images from the
+    # image processor's output and the processor makes every image that shape (it resizes
+    # or crops to a fixed size), e.g. (3, 336, 336); None otherwise. Then a gateway can
+    # process an image once and hand its encoder the pixel values (`process_image`).
+    processed_pixels_shape: tuple[int, ...] | None
+
+    def process_image(self, image: DecodedImage) -> torch.Tensor:
+        """One image's pixel values exactly as `encode` would make them from the decoded
+        image (float32, on the CPU, of `processed_pixels_shape`)."""
+        ...
 
     # -- media encoder side ---------------------------------------------------------------
 

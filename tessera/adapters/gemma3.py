@@ -24,6 +24,7 @@ class Gemma3Family(HFFamily):
     name = "gemma3"
     architectures = ("Gemma3ForConditionalGeneration",)
     media_modules = ("vision_tower", "multi_modal_projector")
+    takes_processed_pixels = True
     attention = AttentionRules(split_items=False, bidirectional_items=True)
 
     def __init__(self, model_dir: Path, options: LoadOptions, fingerprint: str | None = None):

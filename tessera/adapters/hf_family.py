@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
+from PIL import Image
 from transformers import AutoConfig, AutoProcessor, GenerationConfig
 
 from tessera.adapters.base import (
@@ -24,9 +25,10 @@ from tessera.adapters.base import (
     ModelPart,
     PackedMedia,
     PartNotLoadedError,
+    ProcessedImage,
 )
 from tessera.hashing import model_fingerprint
-from tessera.media import ProcessingOptions
+from tessera.media import DecodedImage, ProcessingOptions
 from tessera.placeholders import Modality, PlaceholderRange
 from tessera.video import FrameSampler
 
@@ -43,6 +45,9 @@ class HFFamily:
     attention: ClassVar[AttentionRules] = AttentionRules()
     # Processing options a request may set, with their accepted [min, max] values.
     option_limits: ClassVar[Mapping[str, tuple[int, int]]] = MappingProxyType({})
+    # True: `encode` takes images through `_pixel_values`, so one a gateway processed
+    # (`ProcessedImage`) can stand for the file, where the processor's shape is fixed.
+    takes_processed_pixels: ClassVar[bool] = False
 
     def __init__(self, model_dir: Path, options: LoadOptions, fingerprint: str | None = None):
         self.model_dir = model_dir
@@ -68,6 +73,7 @@ class HFFamily:
         self.max_model_len = int(text.max_position_embeddings)
         self.max_token_chars = _max_token_chars(self._tokenizer)
         self.eos_token_ids = _eos_token_ids(model_dir, self._tokenizer)
+        self.processed_pixels_shape = self._fixed_pixels_shape()
 
     def _override_chat_template(self, template: str) -> None:
         """--chat-template: apply_chat_template renders with the processor's template."""
@@ -167,12 +173,35 @@ class HFFamily:
     def encode(self, items: Sequence[MediaInput]) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def process_image(self, image: DecodedImage) -> torch.Tensor:
+        return self._process_images([image.image])[0]
+
+    def _process_images(self, images: list[Image.Image]) -> torch.Tensor:
+        return self._processor.image_processor(images, return_tensors="pt")["pixel_values"]
+
+    def _fixed_pixels_shape(self) -> tuple[int, ...] | None:
+        """`processed_pixels_shape`, found by processing two small blank images of opposite
+        aspect ratios: one shape for both means the processor resizes or crops every
+        image to it."""
+        if not self.takes_processed_pixels:
+            return None
+        blanks = [Image.new("RGB", size) for size in ((64, 32), (32, 64))]
+        shapes = {tuple(pixels.shape) for pixels in self._process_images(blanks)}
+        return shapes.pop() if len(shapes) == 1 else None
+
     def _pixel_values(self, items: Sequence[MediaInput]) -> torch.Tensor:
-        """The image processor's pixel values of fixed-size items, on this device."""
-        processed = self._processor.image_processor(
-            [item.image.image for item in items], return_tensors="pt"
-        )
-        return processed["pixel_values"].to(self.device, self.dtype)
+        """The pixel values of fixed-size images, on this device: an item a gateway
+        processed as it is, the others through the image processor in one call."""
+        values: list[torch.Tensor | None] = [
+            item.media.pixel_values if isinstance(item.media, ProcessedImage) else None
+            for item in items
+        ]
+        to_process = [index for index, pixels in enumerate(values) if pixels is None]
+        if to_process:
+            processed = self._process_images([items[i].image.image for i in to_process])
+            for index, pixels in zip(to_process, processed, strict=True):
+                values[index] = pixels
+        return torch.stack(values).to(self.device, self.dtype)
 
     def _media_model(self) -> Any:
         """`model.model`, when this process loaded the media encoder."""

@@ -15,6 +15,7 @@ class LlavaFamily(HFFamily):
     name = "llava"
     architectures = ("LlavaForConditionalGeneration",)
     media_modules = ("vision_tower", "multi_modal_projector")
+    takes_processed_pixels = True
 
     def item_placement(self, item: MediaInput) -> ItemPlacement:
         size = (item.image.height, item.image.width)

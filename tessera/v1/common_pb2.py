@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tessera/v1/common.proto\x12\ntessera.v1\"\xef\x01\n\tMediaItem\x12&\n\x08modality\x18\x01 \x01(\x0e\x32\x14.tessera.v1.Modality\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_hash\x18\x03 \x01(\t\x12H\n\x12processing_options\x18\x04 \x03(\x0b\x32,.tessera.v1.MediaItem.ProcessingOptionsEntry\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x1a\x38\n\x16ProcessingOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"i\n\nItemLayout\x12\x10\n\x08grid_thw\x18\x01 \x03(\r\x12\x1a\n\x12spatial_merge_size\x18\x02 \x01(\r\x12\x12\n\nnum_planes\x18\x03 \x01(\r\x12\x19\n\x11second_per_grid_t\x18\x04 \x01(\x01\"\xab\x01\n\x10PlaceholderRange\x12&\n\x08modality\x18\x01 \x01(\x0e\x32\x14.tessera.v1.Modality\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\r\x12\x0e\n\x06length\x18\x04 \x01(\r\x12&\n\x06layout\x18\x05 \x01(\x0b\x32\x16.tessera.v1.ItemLayout\x12\x11\n\trow_start\x18\x06 \x01(\r\"9\n\x0bTensorBytes\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xd7\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x18\n\x10num_top_logprobs\x18\x08 \x01(\r\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12=\n\nlogit_bias\x18\r \x03(\x0b\x32).tessera.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0e \x01(\r\x12\x37\n\x11structured_output\x18\x14 \x01(\x0b\x32\x1c.tessera.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"i\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x0e\n\x04lark\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"W\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12#\n\x03top\x18\x03 \x03(\x0b\x32\x16.tessera.v1.TopLogprob\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r*`\n\x08Modality\x12\x18\n\x14MODALITY_UNSPECIFIED\x10\x00\x12\x12\n\x0eMODALITY_IMAGE\x10\x01\x12\x12\n\x0eMODALITY_AUDIO\x10\x02\x12\x12\n\x0eMODALITY_VIDEO\x10\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tessera/v1/common.proto\x12\ntessera.v1\"\x9e\x02\n\tMediaItem\x12&\n\x08modality\x18\x01 \x01(\x0e\x32\x14.tessera.v1.Modality\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_hash\x18\x03 \x01(\t\x12H\n\x12processing_options\x18\x04 \x03(\x0b\x32,.tessera.v1.MediaItem.ProcessingOptionsEntry\x12\x12\n\ncache_salt\x18\x05 \x01(\t\x12-\n\x0cpixel_values\x18\x06 \x01(\x0b\x32\x17.tessera.v1.TensorBytes\x1a\x38\n\x16ProcessingOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"i\n\nItemLayout\x12\x10\n\x08grid_thw\x18\x01 \x03(\r\x12\x1a\n\x12spatial_merge_size\x18\x02 \x01(\r\x12\x12\n\nnum_planes\x18\x03 \x01(\r\x12\x19\n\x11second_per_grid_t\x18\x04 \x01(\x01\"\xab\x01\n\x10PlaceholderRange\x12&\n\x08modality\x18\x01 \x01(\x0e\x32\x14.tessera.v1.Modality\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\r\x12\x0e\n\x06length\x18\x04 \x01(\r\x12&\n\x06layout\x18\x05 \x01(\x0b\x32\x16.tessera.v1.ItemLayout\x12\x11\n\trow_start\x18\x06 \x01(\r\"9\n\x0bTensorBytes\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xd7\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x18\n\x10num_top_logprobs\x18\x08 \x01(\r\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12=\n\nlogit_bias\x18\r \x03(\x0b\x32).tessera.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0e \x01(\r\x12\x37\n\x11structured_output\x18\x14 \x01(\x0b\x32\x1c.tessera.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"i\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x0e\n\x04lark\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"W\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12#\n\x03top\x18\x03 \x03(\x0b\x32\x16.tessera.v1.TopLogprob\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r*`\n\x08Modality\x12\x18\n\x14MODALITY_UNSPECIFIED\x10\x00\x12\x12\n\x0eMODALITY_IMAGE\x10\x01\x12\x12\n\x0eMODALITY_AUDIO\x10\x02\x12\x12\n\x0eMODALITY_VIDEO\x10\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,30 +35,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEDIAITEM_PROCESSINGOPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_MODALITY']._serialized_start=1429
-  _globals['_MODALITY']._serialized_end=1525
-  _globals['_FINISHREASON']._serialized_start=1527
-  _globals['_FINISHREASON']._serialized_end=1622
+  _globals['_MODALITY']._serialized_start=1476
+  _globals['_MODALITY']._serialized_end=1572
+  _globals['_FINISHREASON']._serialized_start=1574
+  _globals['_FINISHREASON']._serialized_end=1669
   _globals['_MEDIAITEM']._serialized_start=40
-  _globals['_MEDIAITEM']._serialized_end=279
-  _globals['_MEDIAITEM_PROCESSINGOPTIONSENTRY']._serialized_start=223
-  _globals['_MEDIAITEM_PROCESSINGOPTIONSENTRY']._serialized_end=279
-  _globals['_ITEMLAYOUT']._serialized_start=281
-  _globals['_ITEMLAYOUT']._serialized_end=386
-  _globals['_PLACEHOLDERRANGE']._serialized_start=389
-  _globals['_PLACEHOLDERRANGE']._serialized_end=560
-  _globals['_TENSORBYTES']._serialized_start=562
-  _globals['_TENSORBYTES']._serialized_end=619
-  _globals['_SAMPLINGPARAMS']._serialized_start=622
-  _globals['_SAMPLINGPARAMS']._serialized_end=1093
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1036
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1084
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=1095
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1200
-  _globals['_TOPLOGPROB']._serialized_start=1202
-  _globals['_TOPLOGPROB']._serialized_end=1249
-  _globals['_TOKENLOGPROBS']._serialized_start=1251
-  _globals['_TOKENLOGPROBS']._serialized_end=1338
-  _globals['_USAGE']._serialized_start=1340
-  _globals['_USAGE']._serialized_end=1427
+  _globals['_MEDIAITEM']._serialized_end=326
+  _globals['_MEDIAITEM_PROCESSINGOPTIONSENTRY']._serialized_start=270
+  _globals['_MEDIAITEM_PROCESSINGOPTIONSENTRY']._serialized_end=326
+  _globals['_ITEMLAYOUT']._serialized_start=328
+  _globals['_ITEMLAYOUT']._serialized_end=433
+  _globals['_PLACEHOLDERRANGE']._serialized_start=436
+  _globals['_PLACEHOLDERRANGE']._serialized_end=607
+  _globals['_TENSORBYTES']._serialized_start=609
+  _globals['_TENSORBYTES']._serialized_end=666
+  _globals['_SAMPLINGPARAMS']._serialized_start=669
+  _globals['_SAMPLINGPARAMS']._serialized_end=1140
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1083
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1131
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1142
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1247
+  _globals['_TOPLOGPROB']._serialized_start=1249
+  _globals['_TOPLOGPROB']._serialized_end=1296
+  _globals['_TOKENLOGPROBS']._serialized_start=1298
+  _globals['_TOKENLOGPROBS']._serialized_end=1385
+  _globals['_USAGE']._serialized_start=1387
+  _globals['_USAGE']._serialized_end=1474
 # @@protoc_insertion_point(module_scope)

@@ -28,7 +28,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class MediaItem(_message.Message):
-    __slots__ = ("modality", "data", "content_hash", "processing_options", "cache_salt")
+    __slots__ = ("modality", "data", "content_hash", "processing_options", "cache_salt", "pixel_values")
     class ProcessingOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -41,12 +41,14 @@ class MediaItem(_message.Message):
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    PIXEL_VALUES_FIELD_NUMBER: _ClassVar[int]
     modality: Modality
     data: bytes
     content_hash: str
     processing_options: _containers.ScalarMap[str, int]
     cache_salt: str
-    def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., data: _Optional[bytes] = ..., content_hash: _Optional[str] = ..., processing_options: _Optional[_Mapping[str, int]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    pixel_values: TensorBytes
+    def __init__(self, modality: _Optional[_Union[Modality, str]] = ..., data: _Optional[bytes] = ..., content_hash: _Optional[str] = ..., processing_options: _Optional[_Mapping[str, int]] = ..., cache_salt: _Optional[str] = ..., pixel_values: _Optional[_Union[TensorBytes, _Mapping]] = ...) -> None: ...
 
 class ItemLayout(_message.Message):
     __slots__ = ("grid_thw", "spatial_merge_size", "num_planes", "second_per_grid_t")

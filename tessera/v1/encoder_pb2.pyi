@@ -116,7 +116,7 @@ class GetEncoderStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EncoderStats(_message.Message):
-    __slots__ = ("num_items_requested", "num_items_computed", "num_memory_hits", "num_joined_in_flight", "num_slice_misses", "num_bytes_served", "num_evictions", "num_cached_items", "num_cached_bytes", "num_batches", "num_redis_hits", "num_remote_waits", "num_corrupt_entries", "num_redis_errors", "degraded", "num_batched_items", "max_batch_size", "redis_enabled", "num_pinned_bytes", "num_pins_refused", "num_hashes_verified", "num_hashes_trusted", "num_slice_calls")
+    __slots__ = ("num_items_requested", "num_items_computed", "num_memory_hits", "num_joined_in_flight", "num_slice_misses", "num_bytes_served", "num_evictions", "num_cached_items", "num_cached_bytes", "num_batches", "num_redis_hits", "num_remote_waits", "num_corrupt_entries", "num_redis_errors", "degraded", "num_batched_items", "max_batch_size", "redis_enabled", "num_pinned_bytes", "num_pins_refused", "num_hashes_verified", "num_hashes_trusted", "num_slice_calls", "num_pixel_values_used", "num_pixel_values_ignored")
     NUM_ITEMS_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     NUM_ITEMS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
     NUM_MEMORY_HITS_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,8 @@ class EncoderStats(_message.Message):
     NUM_HASHES_VERIFIED_FIELD_NUMBER: _ClassVar[int]
     NUM_HASHES_TRUSTED_FIELD_NUMBER: _ClassVar[int]
     NUM_SLICE_CALLS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PIXEL_VALUES_USED_FIELD_NUMBER: _ClassVar[int]
+    NUM_PIXEL_VALUES_IGNORED_FIELD_NUMBER: _ClassVar[int]
     num_items_requested: int
     num_items_computed: int
     num_memory_hits: int
@@ -163,4 +165,6 @@ class EncoderStats(_message.Message):
     num_hashes_verified: int
     num_hashes_trusted: int
     num_slice_calls: int
-    def __init__(self, num_items_requested: _Optional[int] = ..., num_items_computed: _Optional[int] = ..., num_memory_hits: _Optional[int] = ..., num_joined_in_flight: _Optional[int] = ..., num_slice_misses: _Optional[int] = ..., num_bytes_served: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_cached_items: _Optional[int] = ..., num_cached_bytes: _Optional[int] = ..., num_batches: _Optional[int] = ..., num_redis_hits: _Optional[int] = ..., num_remote_waits: _Optional[int] = ..., num_corrupt_entries: _Optional[int] = ..., num_redis_errors: _Optional[int] = ..., degraded: _Optional[bool] = ..., num_batched_items: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., redis_enabled: _Optional[bool] = ..., num_pinned_bytes: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_hashes_verified: _Optional[int] = ..., num_hashes_trusted: _Optional[int] = ..., num_slice_calls: _Optional[int] = ...) -> None: ...
+    num_pixel_values_used: int
+    num_pixel_values_ignored: int
+    def __init__(self, num_items_requested: _Optional[int] = ..., num_items_computed: _Optional[int] = ..., num_memory_hits: _Optional[int] = ..., num_joined_in_flight: _Optional[int] = ..., num_slice_misses: _Optional[int] = ..., num_bytes_served: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_cached_items: _Optional[int] = ..., num_cached_bytes: _Optional[int] = ..., num_batches: _Optional[int] = ..., num_redis_hits: _Optional[int] = ..., num_remote_waits: _Optional[int] = ..., num_corrupt_entries: _Optional[int] = ..., num_redis_errors: _Optional[int] = ..., degraded: _Optional[bool] = ..., num_batched_items: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., redis_enabled: _Optional[bool] = ..., num_pinned_bytes: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_hashes_verified: _Optional[int] = ..., num_hashes_trusted: _Optional[int] = ..., num_slice_calls: _Optional[int] = ..., num_pixel_values_used: _Optional[int] = ..., num_pixel_values_ignored: _Optional[int] = ...) -> None: ...

@@ -1,6 +1,8 @@
 """Front door once: an encoder takes the content hashes of a gateway it authenticated
 (mutual TLS) as given, and checks everyone else's against the decoded content, through
-real processes. The counters say which rule each computed item went by."""
+real processes; such a gateway sends large images already processed, and the encoder
+runs its tower on those pixel values only when they come from a caller it trusts. The
+counters say which rule each computed item went by."""
 
 from __future__ import annotations
 
@@ -57,6 +59,14 @@ def hash_counts(address: str, files: TlsFiles | None) -> tuple[int, int]:
         stub = encoder_pb2_grpc.EncoderServiceStub(channel)
         stats = stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
     return stats.num_hashes_verified, stats.num_hashes_trusted
+
+
+def pixel_counts(address: str, files: TlsFiles | None) -> tuple[int, int]:
+    """(num_pixel_values_used, num_pixel_values_ignored) of the encoder at `address`."""
+    with sync_channel(address, files) as channel:
+        stub = encoder_pb2_grpc.EncoderServiceStub(channel)
+        stats = stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
+    return stats.num_pixel_values_used, stats.num_pixel_values_ignored
 
 
 def refusal(call) -> grpc.RpcError:
@@ -132,6 +142,7 @@ def test_without_mutual_tls_every_hash_is_checked(cluster):
     model is still checked, and a request through the gateway is checked too."""
     address, fingerprint = cluster.address("encoder"), cluster.fingerprint("encoder")
     assert "hashes_trusted_from=none" in cluster.log_text("encoder")
+    assert "processed_images=off" in cluster.log_text("gateway")  # no certificate to trust
     image, other = noise_image(305, 40, 30), noise_image(306, 40, 30)
     before = hash_counts(address, None)
     wrong_hash = decode_image(other).content_hash(fingerprint)
@@ -144,3 +155,70 @@ def test_without_mutual_tls_every_hash_is_checked(cluster):
     assert done.stats.num_items_computed + done.stats.num_items_cached == 1
     verified, trusted = hash_counts(address, None)
     assert (verified - before[0], trusted - before[1]) == (2, 0)
+
+
+# The demo processor makes (3, 56, 56) float32 values: fewer bytes than the pixels of
+# LARGE_SIDES, more than those of the 40 x 30 images above.
+LARGE_SIDES = (130, 100)
+
+
+def answer(stack, roles, image: bytes) -> tuple:
+    prompt = [("user", [image, "What is in this picture?"])]
+    sampling = common_pb2.SamplingParams(max_tokens=MAX_NEW_TOKENS)
+    with Client(stack.address("gateway"), tls=roles["client"]) as client:
+        done = client.complete([Message(role, parts) for role, parts in prompt], sampling)
+    return prompt, done
+
+
+def test_a_large_image_reaches_the_encoder_processed_and_answers_like_the_model(
+    stack, roles, reference
+):
+    address = stack.address("encoder")
+    assert "processed_images=3x56x56" in stack.log_text("gateway")
+    before = pixel_counts(address, roles["gateway"]), hash_counts(address, roles["gateway"])
+    prompt, done = answer(stack, roles, noise_image(311, *LARGE_SIDES))
+    assert done.stats.num_items_computed == 1
+    assert pixel_counts(address, roles["gateway"]) == (before[0][0] + 1, before[0][1])
+    verified, trusted = hash_counts(address, roles["gateway"])
+    assert (verified - before[1][0], trusted - before[1][1]) == (0, 1)
+    expected = reference.generate(prompt, MAX_NEW_TOKENS)
+    assert done.prompt_token_ids == expected.prompt_token_ids
+    assert_greedy_match(done.token_ids, expected, "an image the gateway processed")
+
+    # A small image goes as its file: its pixel values would be more bytes.
+    _, done = answer(stack, roles, noise_image(312, 40, 30))
+    assert done.stats.num_items_computed == 1
+    assert pixel_counts(address, roles["gateway"])[0] == before[0][0] + 1
+
+
+def test_pixel_values_from_callers_not_trusted_are_never_used(stack, roles, reference):
+    """A decoder (not trusted with hashes) sends an image's file with the pixel values of
+    a blank picture: the rows come from the file, as the answer through the gateway shows;
+    without the file it is asked for it."""
+    address, fingerprint = stack.address("encoder"), stack.fingerprint("encoder")
+    image = noise_image(313, *LARGE_SIDES)
+    item = common_pb2.MediaItem(
+        modality=common_pb2.MODALITY_IMAGE,
+        data=image,
+        content_hash=decode_image(image).content_hash(fingerprint),
+    )
+    item.pixel_values.dtype = "float32"
+    item.pixel_values.shape[:] = [3, 56, 56]
+    item.pixel_values.data = bytes(3 * 56 * 56 * 4)
+    request = encoder_pb2.EncodeRequest(items=[item], model_fingerprint=fingerprint)
+    before = pixel_counts(address, roles["gateway"])
+    with sync_channel(address, roles["decoder"]) as channel:
+        stub = encoder_pb2_grpc.EncoderServiceStub(channel)
+        encoded = stub.Encode(request, timeout=60)
+        assert encoded.items[0].source == encoder_pb2.ENCODE_SOURCE_COMPUTED
+        assert pixel_counts(address, roles["gateway"]) == (before[0], before[1] + 1)
+
+        request.items[0].data = b""  # the request holds a copy of `item`
+        refused = refusal(lambda: stub.Encode(request, timeout=60))
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "send the file" in refused.details()
+
+    prompt, done = answer(stack, roles, image)
+    assert done.stats.num_items_cached == 1  # the rows the decoder's Encode computed
+    expected = reference.generate(prompt, MAX_NEW_TOKENS)
+    assert_greedy_match(done.token_ids, expected, "rows of a file sent with other pixels")

@@ -33,6 +33,7 @@ class HeldFamily:
 
     modalities = frozenset({Modality.IMAGE})
     fingerprint = FINGERPRINT
+    processed_pixels_shape = None  # takes files only
 
     def __init__(self) -> None:
         self.release = threading.Event()
