@@ -417,7 +417,7 @@ class EncoderCore:
         return item.decoded or self.decoder.decode(item.modality, item.data, item.options)
 
     def _check_hash(
-        self, item: EncodeItem, media: DecodedImage | DecodedAudio | DecodedVideo
+        self, item: EncodeItem, media: DecodedImage | ProcessedImage | DecodedAudio | DecodedVideo
     ) -> InvalidItemError | None:
         """The refusal of an item whose content does not have its hash; None when it has,
         or when its caller is trusted with hashes (then its pixels are not hashed at all)."""

@@ -241,9 +241,10 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="with a client certificate (mutual TLS), send each image whose processed "
-        "pixel values are smaller than its decoded pixels to its encoder with them: an "
-        "encoder that trusts this gateway's content hashes then runs its tower on them "
-        "instead of decoding the file again (the file goes too, for any other encoder)",
+        "pixel values are smaller than its decoded pixels to its encoder as those values, "
+        "not the file: an encoder that trusts this gateway's content hashes runs its tower "
+        "on them instead of decoding the file again; one that does not asks for files, "
+        "and gets only files from then on",
     )
     add_replica_flags(parser)
     parser.add_argument(

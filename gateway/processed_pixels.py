@@ -4,8 +4,9 @@ The gateway decodes every image to hash it. An encoder that trusts the gateway's
 (mutual TLS: encoder_service/processed_pixels.py) can run its tower on the image
 processor's output instead of decoding the file and processing it again, which for a
 large picture is most of the encoder's work for it (a 1536 x 1536 PNG: ~30 ms to decode,
-~20 ms to resize, against a few ms for a small tower). The pixel values travel beside
-the file, so an encoder that does not trust this gateway still has what it needs.
+~20 ms to resize, against a few ms for a small tower). The pixel values travel in place
+of the file; an encoder that does not trust this gateway refuses them and asks for the
+file (gateway/encode_dispatch.py sends it then, and only files to that encoder after).
 
 They are sent only where they are smaller than the decoded picture: a processor that
 makes 224 x 224 float32 values (602 KB) from a 1536 x 1536 image (7 MB of pixels) saves
@@ -50,7 +51,6 @@ class PixelValues:
 
     def __init__(self, family: ModelFamily, enabled: bool):
         self.family = family
-        self.enabled = enabled
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="hash") if enabled else None
 
     def hash_and_pixels(
