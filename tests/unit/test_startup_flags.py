@@ -248,3 +248,17 @@ def test_auto_dtype_reaches_the_family(llava_dir, tmp_path):
     parts = ModelPart.PROCESSOR
     assert load_family(str(half), LoadOptions(parts, "cpu", "auto")).dtype == torch.float32
     assert load_family(str(half), LoadOptions(parts, "cpu", "bfloat16")).dtype == torch.bfloat16
+
+
+def test_the_gateway_sends_processed_images_only_with_a_certificate_to_be_trusted_by():
+    certificate = ["--tls-cert-file", "gateway.pem", "--tls-key-file", "gateway.key"]
+    ca = ["--tls-ca-file", "ca.pem"]
+
+    def sends(*flags: str) -> bool:
+        args = gateway_parser().parse_args([*GATEWAY, *flags])
+        return GatewayConfig.from_args(args).sends_processed_images
+
+    assert sends(*certificate, *ca)
+    assert not sends(*certificate, *ca, "--no-send-processed-images")
+    assert not sends()  # plaintext: no encoder can trust this gateway
+    assert not sends(*ca)  # TLS without a client certificate: no name to trust
