@@ -25,10 +25,8 @@ import torch
 from tessera.adapters import ModelFamily
 from tessera.audio import DecodedAudio
 from tessera.media import DecodedImage
+from tessera.tensor_codec import PIXELS_DTYPE, itemsize
 from tessera.video import DecodedVideo
-
-# What image processors return, and what the encoder accepts (tensor_codec.PIXELS_DTYPE).
-_BYTES_PER_VALUE = torch.float32.itemsize
 
 
 def worth_sending(family: ModelFamily, media: DecodedImage | DecodedAudio | DecodedVideo) -> bool:
@@ -42,7 +40,7 @@ def worth_sending(family: ModelFamily, media: DecodedImage | DecodedAudio | Deco
     if shape is None or not isinstance(media, DecodedImage):
         return False
     picture_bytes = media.width * media.height * len(media.image.getbands())
-    return math.prod(shape) * _BYTES_PER_VALUE < picture_bytes
+    return math.prod(shape) * itemsize(PIXELS_DTYPE) < picture_bytes
 
 
 class PixelValues:

@@ -89,8 +89,12 @@ def encode_rows(tensor: torch.Tensor) -> RowBlock:
             f"expected a 2-D [rows >= 1, hidden >= 1] tensor, got shape {list(tensor.shape)}"
         )
     name = dtype_name(tensor.dtype)
-    raw = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
-    return RowBlock(name, tensor.shape[0], tensor.shape[1], raw)
+    return RowBlock(name, tensor.shape[0], tensor.shape[1], _raw_bytes(tensor))
+
+
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    """A tensor's elements (any device) as row-major little-endian bytes."""
+    return tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def check_block(dtype: str, shape: list[int] | tuple[int, ...], num_bytes: int) -> None:
@@ -121,7 +125,7 @@ def encode_pixels(tensor: torch.Tensor) -> bytes:
     """One image's float32 pixel values (any shape, any device) as raw bytes."""
     if tensor.dtype != torch.float32:
         raise CodecError(f"pixel values are {PIXELS_DTYPE}, got {tensor.dtype}")
-    return tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+    return _raw_bytes(tensor)
 
 
 def decode_pixels(
