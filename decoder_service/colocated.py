@@ -20,7 +20,8 @@ import torch
 
 from decoder_service.embedding_client import FetchError, ItemRefusedError
 from decoder_service.request import MediaSource
-from encoder_service.encoder import EncodeItem, EncoderCore, RowRequest, UnknownItemError
+from encoder_service.encoder import EncoderCore
+from encoder_service.items import EncodeItem, RowRequest, UnknownItemError
 from encoder_service.memory_store import Lease, MemoryStore, PinLimits
 from tessera.adapters import ModelFamily
 from tessera.media_decoder import MediaLimits

@@ -7,8 +7,9 @@ import asyncio
 import socket
 
 from encoder_service.config import EncoderConfig, add_encoder_flags
-from encoder_service.encoder import EncoderCore, FleetSettings
+from encoder_service.encoder import EncoderCore
 from encoder_service.hash_trust import HashTrust
+from encoder_service.items import FleetSettings
 from encoder_service.memory_store import MemoryStore
 from encoder_service.redis_connection import redis_settings
 from encoder_service.redis_format import RowShape

@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from encoder_service.encoder import EncoderCounters, InvalidItemError
+from encoder_service.items import EncoderCounters, InvalidItemError
 from tessera.tensor_codec import CodecError, decode_pixels
 from tessera.v1 import common_pb2
 

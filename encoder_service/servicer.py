@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 import grpc
 
-from encoder_service.encoder import (
+from encoder_service.encoder import EncoderCore
+from encoder_service.hash_trust import HashTrust
+from encoder_service.items import (
     EncodeItem,
-    EncoderCore,
     InvalidItemError,
     RowRequest,
     Source,
     UnknownItemError,
 )
-from encoder_service.hash_trust import HashTrust
 from encoder_service.memory_store import Lease
 from encoder_service.processed_pixels import FilesWantedError, pixels_of
 from tessera.access import caller_name

@@ -530,7 +530,8 @@ def test_only_the_holder_renews_its_lease(fingerprint: str, raw: redis.Redis) ->
 def test_a_computing_replica_keeps_its_short_lease_alive(fingerprint: str, raw: redis.Redis):
     """The compute lease is short (so a replica that dies frees the item at once) and
     renewed while the computation runs, however long that takes."""
-    from encoder_service.encoder import EncoderCore, FleetSettings
+    from encoder_service.encoder import EncoderCore
+    from encoder_service.items import FleetSettings
     from encoder_service.memory_store import MemoryStore
     from tessera.media_decoder import MediaLimits
     from tests.unit.test_encoder_core import HeldFamily, item
@@ -567,7 +568,8 @@ def test_a_computing_replica_keeps_its_short_lease_alive(fingerprint: str, raw: 
 def test_rows_from_redis_are_refused_for_a_range_of_another_length(fingerprint: str):
     """A replica that never computed the item reads its header from Redis: a range whose
     length differs from the item's is refused there too."""
-    from encoder_service.encoder import EncoderCore, RowRequest
+    from encoder_service.encoder import EncoderCore
+    from encoder_service.items import RowRequest
     from encoder_service.memory_store import MemoryStore
     from tessera.media_decoder import MediaLimits
     from tests.unit.test_encoder_core import HeldFamily, item

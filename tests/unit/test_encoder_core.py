@@ -10,13 +10,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from encoder_service.encoder import (
-    EncodeItem,
-    EncoderCore,
-    InvalidItemError,
-    RowRequest,
-    UnknownItemError,
-)
+from encoder_service.encoder import EncoderCore
+from encoder_service.items import EncodeItem, InvalidItemError, RowRequest, UnknownItemError
 from encoder_service.memory_store import Lease, MemoryStore
 from tessera.adapters import MediaInput
 from tessera.media import ProcessingOptions, decode_image

@@ -11,7 +11,7 @@ import grpc
 import pytest
 import torch
 
-from encoder_service.encoder import EncodeItem, EncoderCounters, InvalidItemError
+from encoder_service.items import EncodeItem, EncoderCounters, InvalidItemError
 from encoder_service.processed_pixels import FilesWantedError, pixels_of
 from gateway.encode_dispatch import encode_at
 from gateway.processed_pixels import PixelValues, worth_sending

@@ -11,8 +11,9 @@ import grpc
 import pytest
 import torch
 
-from encoder_service.encoder import EncoderCore, RowRequest
+from encoder_service.encoder import EncoderCore
 from encoder_service.hash_trust import HashTrust
+from encoder_service.items import RowRequest
 from encoder_service.memory_store import MemoryStore
 from encoder_service.servicer import CallLimits, EncoderServicer, add_to_server
 from tessera.media_decoder import MediaLimits
