@@ -1,4 +1,4 @@
-"""Gathering concurrent encode work into one forward, fairly between callers.
+"""Gathering concurrent encode work into one forward, the smallest caller's first.
 
 Items submitted while the model is busy, or within `max_wait_ms` of the first one, run
 together in a single forward of at most `max_batch_items` and `max_batch_cost` (an
@@ -6,24 +6,35 @@ image's cost is its pixels: decoding and resizing take time in proportion to the
 Waiting only applies when a batch is not already full; with one request at a time the
 added latency is at most `max_wait_ms`.
 
-Each caller (an Encode call's lease owner: one request) has its own queue, and batches
-take items from the queues in turn. A request of 16 huge images therefore runs as 16
-batches with everyone else's items between them, instead of holding the model for all
-16 while a one-image request waits:
+Each caller (an Encode call's lease owner: one request) has its own queue, and a batch
+takes items from the caller with the least work queued first (cost, then items, then who
+came first), as the decoder's scheduler prefills the prompt closest to its first token
+first. A one-image request therefore runs before the rest of a request of 16 huge
+images, and two requests of four images each finish one after the other instead of both
+at the end:
 
     queues:  A: [a1 a2 a3]   B: [b1]        (each a* costs the whole batch budget)
-    batches: [a1]  [b1]  [a2]  [a3]          (FIFO would have run b1 last)
+    batches: [b1]  [a1]  [a2]  [a3]         (FIFO would have run b1 last)
+
+    queues:  A: [a1 a2]   B: [b1 b2]        (one item per forward)
+    batches: [a1]  [a2]  [b1]  [b2]         (turn by turn, A's last row came third)
+
+So that a large request is not held back for ever by a stream of small ones, a caller
+passed over by `max_passed_over` forwards in a row goes first.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from tessera.compute_thread import compute_thread
+
+# Forwards in a row a caller's items may wait behind callers with less work queued.
+DEFAULT_MAX_PASSED_OVER = 16
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -52,6 +63,14 @@ class _Waiting(Generic[Item, Result]):
     cost: int
 
 
+@dataclass
+class _CallerQueue(Generic[Item, Result]):
+    arrival: int  # breaks ties: the caller that queued first
+    waiting: deque[_Waiting[Item, Result]] = field(default_factory=deque)
+    cost: int = 0  # of the items waiting
+    passed_over: int = 0  # forwards in a row that took none of its items
+
+
 class Batcher(Generic[Item, Result]):
     """`await submit(item, caller)` -> that item's result from `run_batch(items)`, which
     runs on one worker thread and returns one result or exception per item, in order.
@@ -64,14 +83,17 @@ class Batcher(Generic[Item, Result]):
         max_wait_ms: float,
         cost: Callable[[Item], int] = lambda item: 0,
         max_batch_cost: int = 0,
+        max_passed_over: int = DEFAULT_MAX_PASSED_OVER,
     ):
         self._run_batch = run_batch
         self.max_batch_items = max_batch_items
         self.max_wait_seconds = max_wait_ms / 1000
         self._cost = cost
         self.max_batch_cost = max_batch_cost
+        self.max_passed_over = max_passed_over
         self.stats = BatchStats()
-        self._queues: OrderedDict[Hashable, deque[_Waiting[Item, Result]]] = OrderedDict()
+        self._queues: dict[Hashable, _CallerQueue[Item, Result]] = {}
+        self._num_callers_seen = 0
         self._num_queued = 0
         self._queued_cost = 0
         self._arrived = asyncio.Event()
@@ -86,7 +108,12 @@ class Batcher(Generic[Item, Result]):
             self._task = asyncio.create_task(self._run_forever(), name="encode-batcher")
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         waiting = _Waiting(item, future, self._cost(item))
-        self._queues.setdefault(caller, deque()).append(waiting)
+        queue = self._queues.get(caller)
+        if queue is None:
+            queue = self._queues[caller] = _CallerQueue(self._num_callers_seen)
+            self._num_callers_seen += 1
+        queue.waiting.append(waiting)
+        queue.cost += waiting.cost
         self._num_queued += 1
         self._queued_cost += waiting.cost
         self._arrived.set()
@@ -139,24 +166,42 @@ class Batcher(Generic[Item, Result]):
         return self._num_queued >= self.max_batch_items or bool(over_cost)
 
     def _take_batch(self) -> list[_Waiting[Item, Result]]:
-        """One item from each caller's queue in turn, while the batch has room; a caller
-        served goes to the back of the turn order. Cancelled waiters are dropped."""
+        """Items of the callers in `_turn_order`, while the batch has room; a caller passed
+        over counts it. Cancelled waiters are dropped."""
         batch: list[_Waiting[Item, Result]] = []
         batch_cost = 0
-        while self._queues and len(batch) < self.max_batch_items:
-            caller, queue = next(iter(self._queues.items()))
-            waiting = queue[0]
-            fits = not self.max_batch_cost or batch_cost + waiting.cost <= self.max_batch_cost
-            if batch and not fits:
+        served: set[Hashable] = set()
+        for caller, queue in self._turn_order():
+            while queue.waiting and len(batch) < self.max_batch_items:
+                waiting = queue.waiting[0]
+                fits = not self.max_batch_cost or batch_cost + waiting.cost <= self.max_batch_cost
+                if batch and not fits:
+                    break
+                queue.waiting.popleft()
+                queue.cost -= waiting.cost
+                self._num_queued -= 1
+                self._queued_cost -= waiting.cost
+                served.add(caller)
+                if not waiting.future.cancelled():
+                    batch.append(waiting)
+                    batch_cost += waiting.cost
+            if queue.waiting:  # the batch is full: nobody after this caller fits
                 break
-            queue.popleft()
-            self._num_queued -= 1
-            self._queued_cost -= waiting.cost
-            if queue:
-                self._queues.move_to_end(caller)
-            else:
+        for caller, queue in list(self._queues.items()):
+            if not queue.waiting:
                 del self._queues[caller]
-            if not waiting.future.cancelled():
-                batch.append(waiting)
-                batch_cost += waiting.cost
+            else:
+                queue.passed_over = 0 if caller in served else queue.passed_over + 1
         return batch
+
+    def _turn_order(self) -> list[tuple[Hashable, _CallerQueue[Item, Result]]]:
+        """Callers passed over too often first, the first come first; then the least
+        work waiting first."""
+
+        def key(entry: tuple[Hashable, _CallerQueue[Item, Result]]) -> tuple[int, ...]:
+            queue = entry[1]
+            if queue.passed_over >= self.max_passed_over:
+                return (0, queue.arrival)
+            return (1, queue.cost, len(queue.waiting), queue.arrival)
+
+        return sorted(self._queues.items(), key=key)

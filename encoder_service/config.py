@@ -26,6 +26,12 @@ if TYPE_CHECKING:  # imported where used: it brings torch, which parsing flags n
 # image a chat sends, small enough that a request of huge images runs as many batches
 # and other requests' items take turns between them.
 DEFAULT_MAX_BATCH_PIXELS = 1 << 24
+# Items per forward when --max-batch-items is not given. An accelerator runs a batch in
+# about the time of one item, so it batches. A CPU's forward costs each item the same
+# whether alone or batched, so a batch only holds back its first items until its last is
+# done, and the decoder waiting for the first image waits for all of them (benchmarks:
+# "One image per forward on a CPU").
+DEFAULT_MAX_BATCH_ITEMS = {"cpu": 1, "accelerator": 16}
 
 # Gateways encode a request's items; decoders re-encode one an encoder lost. Both fetch
 # rows and release leases.
@@ -94,6 +100,7 @@ class EncoderConfig:
         return config_from_args(
             cls,
             args,
+            max_batch_items=max_batch_items(args.max_batch_items, args.device),
             media_limits=MediaLimits.from_args(args),
             tls=TlsFiles.from_args(args),
             access=rules_from_args(args, ENCODER_ACCESS),
@@ -110,6 +117,17 @@ class EncoderConfig:
             if self.max_pinned_bytes_per_owner is None
             else self.max_pinned_bytes_per_owner,
         )
+
+
+def max_batch_items(flag: int | None, device: str) -> int:
+    """--max-batch-items, else the default for the device's kind.
+
+    Example: max_batch_items(None, "cpu") == 1; max_batch_items(None, "cuda:1") == 16.
+    """
+    if flag is not None:
+        return flag
+    kind = "cpu" if device == "cpu" else "accelerator"
+    return DEFAULT_MAX_BATCH_ITEMS[kind]
 
 
 def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
@@ -163,7 +181,11 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
         help="most embedding bytes one GetEmbeddingSlices or GetEmbeddingRows call may ask for",
     )
     parser.add_argument(
-        "--max-batch-items", type=int, default=16, help="most items in one encoder forward"
+        "--max-batch-items",
+        type=int,
+        default=None,
+        help="most items in one encoder forward (default: 1 on a CPU, where batching saves "
+        "nothing and delays the first items; 16 on an accelerator)",
     )
     parser.add_argument(
         "--max-batch-pixels",

@@ -1,6 +1,7 @@
-"""The encoder's batcher: callers take turns, a batch stays within its item and cost
-bounds. The model is a function that records each batch; a threading event holds the
-first batch until the test has queued what it needs, so no outcome depends on timing."""
+"""The encoder's batcher: the caller with the least work waiting goes first, one passed
+over too often goes before it, a batch stays within its item and cost bounds. The model
+is a function that records each batch; a threading event holds the first batch until
+the test has queued what it needs, so no outcome depends on timing."""
 
 from __future__ import annotations
 
@@ -54,10 +55,10 @@ def test_a_small_request_runs_between_the_batches_of_a_huge_one():
     results = asyncio.run(scenario())
     assert results == ["BIG-0", "BIG-1", "BIG-2", "BIG-3", "BIG-4", "SMALL"]
     # FIFO would have run "small" after every big image of A.
-    assert recorder.batches == [["big-0"], ["big-1"], ["small"], ["big-2"], ["big-3"], ["big-4"]]
+    assert recorder.batches == [["big-0"], ["small"], ["big-1"], ["big-2"], ["big-3"], ["big-4"]]
 
 
-def test_callers_take_turns_within_a_batch():
+def test_a_batch_takes_the_callers_with_the_least_work_waiting_first():
     recorder = Recorder()
 
     async def scenario():
@@ -66,7 +67,36 @@ def test_callers_take_turns_within_a_batch():
         return await run_while_held(recorder, batcher, [("A", "a0")], queued)
 
     asyncio.run(scenario())
-    assert recorder.batches == [["a0"], ["a1", "b1", "c1", "a2"], ["c2", "a3"]]
+    assert recorder.batches == [["a0"], ["b1", "c1", "c2", "a1"], ["a2", "a3"]]
+
+
+def test_equal_requests_finish_one_after_the_other_not_all_at_the_end():
+    recorder = Recorder()
+
+    async def scenario():
+        batcher = Batcher(recorder, 1, 0.0)
+        queued = [("A", "a1"), ("B", "b1"), ("A", "a2"), ("B", "b2")]
+        return await run_while_held(recorder, batcher, [("X", "x0")], queued)
+
+    asyncio.run(scenario())
+    # Turn by turn (a1 b1 a2 b2), A's last item would have come third, B's fourth.
+    assert recorder.batches == [["x0"], ["a1"], ["a2"], ["b1"], ["b2"]]
+
+
+def test_a_caller_passed_over_too_often_goes_first():
+    recorder = Recorder()
+
+    async def scenario():
+        batcher = Batcher(recorder, 1, 0.0, max_passed_over=2)
+        singles = [(f"S{index}", f"s{index}") for index in range(1, 5)]
+        queued = [("A", "y1"), ("A", "y2"), *singles]
+        return await run_while_held(recorder, batcher, [("X", "x0")], queued)
+
+    asyncio.run(scenario())
+    # A (two items) waits behind callers of one item, but for two forwards only; then
+    # S3 and S4, passed over as often, go before A's second item.
+    expected = [["x0"], ["s1"], ["s2"], ["y1"], ["s3"], ["s4"], ["y2"]]
+    assert recorder.batches == expected
 
 
 def test_cheap_items_fill_a_batch_up_to_the_cost_bound():

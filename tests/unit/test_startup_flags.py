@@ -262,3 +262,18 @@ def test_the_gateway_sends_processed_images_only_with_a_certificate_to_be_truste
     assert not sends(*certificate, *ca, "--no-send-processed-images")
     assert not sends()  # plaintext: no encoder can trust this gateway
     assert not sends(*ca)  # TLS without a client certificate: no name to trust
+
+
+def test_an_encoder_batches_items_only_where_a_batch_is_cheaper_than_its_items():
+    from encoder_service.config import EncoderConfig
+    from encoder_service.main import build_parser as encoder_parser
+
+    def batch_items(*flags: str) -> int:
+        args = encoder_parser().parse_args(["--model", "m", *flags])
+        return EncoderConfig.from_args(args).max_batch_items
+
+    assert batch_items() == 1  # the CPU: each image to the decoder as soon as it is done
+    assert batch_items("--device", "cuda") == 16
+    assert batch_items("--device", "cuda:1") == 16
+    assert batch_items("--max-batch-items", "4") == 4
+    assert batch_items("--device", "cuda", "--max-batch-items", "1") == 1
