@@ -20,6 +20,7 @@ import torch
 
 from decoder_service.embedding_client import FetchError, ItemRefusedError
 from decoder_service.request import MediaSource
+from encoder_service.config import max_batch_items
 from encoder_service.encoder import EncoderCore
 from encoder_service.items import EncodeItem, RowRequest, UnknownItemError
 from encoder_service.memory_store import Lease, MemoryStore, PinLimits
@@ -28,8 +29,7 @@ from tessera.media_decoder import MediaLimits
 from tessera.placeholders import ChunkSlice
 from tessera.tensor_codec import decode_rows
 
-# The encoder service's defaults: a few items per batch, no waiting for more.
-MAX_BATCH_ITEMS = 8
+# No waiting for more items: the tower runs as soon as the decoder asks.
 MAX_BATCH_WAIT_MS = 0.0
 
 
@@ -41,11 +41,11 @@ class LocalRows:
 
 
 class ColocatedEncoder:
-    def __init__(self, family: ModelFamily, cache_bytes: int, lease_ms: int):
+    def __init__(self, family: ModelFamily, cache_bytes: int, lease_ms: int, device: str):
         self.core = EncoderCore(
             family,
             MemoryStore(cache_bytes, PinLimits.of_budget(cache_bytes)),
-            MAX_BATCH_ITEMS,
+            max_batch_items(None, device),  # the encoder service's default for the device
             MAX_BATCH_WAIT_MS,
             MediaLimits(),
         )

@@ -100,7 +100,9 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
     if config.colocated_encoder:
         from decoder_service.colocated import ColocatedEncoder
 
-        colocated = ColocatedEncoder(family, config.colocated_cache_bytes, config.lease_ms)
+        colocated = ColocatedEncoder(
+            family, config.colocated_cache_bytes, config.lease_ms, config.device
+        )
     embeddings = EmbeddingClient(
         encoders,
         row_width,

@@ -277,3 +277,13 @@ def test_an_encoder_batches_items_only_where_a_batch_is_cheaper_than_its_items()
     assert batch_items("--device", "cuda:1") == 16
     assert batch_items("--max-batch-items", "4") == 4
     assert batch_items("--device", "cuda", "--max-batch-items", "1") == 1
+
+
+def test_a_colocated_encoder_batches_as_the_encoder_service_would_on_its_device():
+    from decoder_service.colocated import ColocatedEncoder
+    from tests.unit.test_encoder_core import HeldFamily
+
+    def batch_items(device: str) -> int:
+        return ColocatedEncoder(HeldFamily(), 1 << 20, 1000, device).core.batcher.max_batch_items
+
+    assert (batch_items("cpu"), batch_items("cuda")) == (1, 16)
