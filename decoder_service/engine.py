@@ -157,6 +157,10 @@ class Engine:
             if not self.scheduler.has_work():
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                if self.threads is not None:
+                    # What the host did while this engine had nothing to do is no guide
+                    # to the threads its next forwards will get (thread_governor).
+                    self.threads.restart()
                 continue
             try:
                 await self.step()

@@ -14,6 +14,16 @@ gives the compute thread one intra-op thread per CPU left, at least one:
     2 CPUs, the others used 1.1 of them over the last 0.2 s -> 2 - 1.1 = 0.9: 1 thread
     2 CPUs, the others used 0.3                             -> 1.7: 2 threads
 
+A process that had no work at all and gets some calls `restart`: what the others did
+while it had nothing to do (`generate()`'s turn in the benchmarks, another tenant's
+burst) says nothing about what they will take from its next forwards. The window
+starts again, shorter (50 ms), with every thread until it ends; a window that ends
+while the others still compute (an encoder working on the images this decoder waits
+for) gives the threads back to them as before:
+
+    idle 1 s while the others used 1.9 CPUs, restart, first forward 20 ms later -> 2 threads
+    restart, the encoder computes for 80 ms, then the first forward             -> 1 thread
+
 It reads /proc/stat over the CPUs of the process's affinity mask, so it runs only where
 those CPUs are all the process may use (a host, or a container pinned to CPUs); under a
 cgroup quota tighter than the mask the other tenants' time says nothing about ours, and
@@ -37,6 +47,9 @@ from tessera.cpus import usable_cpus
 log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 0.2  # /proc/stat counts in 10 ms ticks: ~0.1 CPU of error per CPU here
+# The first window after `restart`: short, so that a decoder waiting for an encoder's
+# images learns of it by its first forward (with ~0.2 CPU of error per CPU).
+RESTART_WINDOW_SECONDS = 0.05
 # /proc/stat's per-CPU fields that count work: user, nice, system, irq, softirq (not
 # idle, iowait, or steal, which is time the hypervisor gave to someone else).
 _BUSY_FIELDS = (0, 1, 2, 5, 6)
@@ -93,22 +106,37 @@ class ThreadGovernor:
         self._window_seconds = window_seconds
         self._clock = clock
         self._last = sample(self.cpus)
+        self._window = window_seconds  # of the window running now
+        self._restarted = False
+
+    def restart(self) -> None:
+        """The process had no work and now has some: a new, short window, every thread
+        until it ends. Any thread may call it while no forward runs."""
+        self._last = self._sample(self.cpus)
+        self._window = min(RESTART_WINDOW_SECONDS, self._window_seconds)
+        self._restarted = True
 
     def adjust(self) -> int:
         """The thread count for the next forward (re-decided once a window has passed)."""
-        if self._clock() - self._last.wall_seconds < self._window_seconds:
+        if self._clock() - self._last.wall_seconds < self._window:
+            if self._restarted:  # nothing read since the restart: every thread
+                self._restarted = False
+                self._use(self.max_threads)
             return self.threads  # most steps: no system call
         now = self._sample(self.cpus)
         elapsed = now.wall_seconds - self._last.wall_seconds
         others = now.host_busy_seconds - self._last.host_busy_seconds
         others -= now.own_seconds - self._last.own_seconds
         self._last = now
-        wanted = threads_for(len(self.cpus), max(0.0, others) / elapsed, self.max_threads)
-        if wanted != self.threads:
-            self._set_threads(wanted)
-            self.threads = wanted
-            self.num_changes += 1
+        self._window, self._restarted = self._window_seconds, False
+        self._use(threads_for(len(self.cpus), max(0.0, others) / elapsed, self.max_threads))
         return self.threads
+
+    def _use(self, threads: int) -> None:
+        if threads != self.threads:
+            self._set_threads(threads)
+            self.threads = threads
+            self.num_changes += 1
 
 
 def governor_for_this_process(

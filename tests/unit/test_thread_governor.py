@@ -97,6 +97,32 @@ def test_governor_follows_the_other_processes_load_window_by_window():
     assert governor.num_changes == 2
 
 
+def test_after_a_restart_a_short_window_decides_and_every_thread_runs_until_it_ends():
+    """What the others did while the process had no work (generate()'s turn in the
+    benchmark) is not contention for its next forwards; an encoder still computing the
+    images it waits for, read in the short window after the restart, is."""
+    host, set_to = FakeHost(), []
+    clock = lambda: host.now.wall_seconds  # noqa: E731
+    governor = ThreadGovernor({0, 1}, 2, set_to.append, host.sample, 0.2, clock)
+    host.advance(0.2, others_busy=0.3, own_busy=0.1)  # an encoder beside our forwards
+    assert governor.adjust() == 1
+    host.advance(1.0, others_busy=1.9, own_busy=0.02)  # no work; the others computed
+    governor.restart()
+    host.advance(0.02, others_busy=0.0, own_busy=0.0)  # work arrived, the first forward
+    assert governor.adjust() == 2 and set_to == [1, 2]
+    host.advance(0.04, others_busy=0.05, own_busy=0.08)  # 60 ms: the window ends
+    assert governor.adjust() == 1 and set_to == [1, 2, 1]  # an encoder took a CPU
+    # Back to windows of 0.2 s.
+    samples = host.num_samples
+    host.advance(0.1, others_busy=0.0, own_busy=0.2)
+    assert governor.adjust() == 1 and host.num_samples == samples
+    # A restart read while the encoder computes for 80 ms: one thread at once.
+    host.advance(0.5, others_busy=0.0, own_busy=0.0)
+    governor.restart()
+    host.advance(0.08, others_busy=0.08, own_busy=0.0)
+    assert governor.adjust() == 1 and set_to == [1, 2, 1]
+
+
 def test_governor_is_off_where_it_cannot_see_what_it_shares_or_has_no_choice():
     cpus = {0, 1}
     assert governor_for_this_process(2, cpus, num_usable=1) is None  # quota of 1 CPU
