@@ -322,6 +322,13 @@ def main(argv: list[str] | None = None) -> None:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "serve":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command in SERVICE_COMMANDS:
+        from tessera.preflight import bounds_problem
+
+        problem = bounds_problem(args.command, args)
+        if problem:  # e.g. --max-batch-items 0 would never take an item off the queue
+            print(f"tessera {args.command}: {problem}", file=sys.stderr)
+            raise SystemExit(2)
     if args.command == "encoder":
         from encoder_service.main import main as run
     elif args.command == "decoder":

@@ -185,6 +185,12 @@ def check_service(service: str, argv: Sequence[str], check_model: bool = True) -
     return None
 
 
+def bounds_problem(service: str, args: argparse.Namespace) -> str | None:
+    """A number flag of `tessera <service>` outside its bound (BOUNDS), or None: the check
+    `serve` makes before it starts anything, for a service started on its own."""
+    return _bounds(service_parser(service), args)
+
+
 def check_services(argv: Mapping[str, Sequence[str]], check_model: bool = True) -> list[Problem]:
     """The first mistake of each service in `argv` (service -> its arguments)."""
     found = [check_service(service, args, check_model) for service, args in argv.items()]

@@ -147,3 +147,21 @@ def test_serve_refuses_a_taken_or_repeated_gateway_port(model_dir):
         plan(str(model_dir), {}), "127.0.0.1", {"--port": 50999, "--http-port": 50999}
     )
     assert repeated[0].line().startswith("gateway: --port and --http-port must differ")
+
+
+@pytest.mark.parametrize(
+    ("service", "flags", "line"),
+    [
+        ("encoder", ["--max-batch-items", "0"], "--max-batch-items must be >= 1, got 0"),
+        ("decoder", ["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+    ],
+)
+def test_a_service_started_on_its_own_gets_the_bound_checks_serve_makes(
+    model_dir, service, flags, line, capsys
+):
+    from tessera.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([service, "--model", str(model_dir), *ROUTES.get(service, []), *flags])
+    assert stopped.value.code == 2  # refused before loading anything
+    assert capsys.readouterr().err.strip() == f"tessera {service}: {line}"
