@@ -35,10 +35,10 @@ from benchmarks.step import (
     NUM_DECODE_TOKENS,
     engine_forward_seconds,
     generate_timer,
+    load_language_model,
     prompts,
     tessera_step,
 )
-from decoder_service.paged_attention import ATTENTION_NAME
 from tessera.adapters import LoadOptions, MediaInput, ModelPart, load_family
 from tessera.compute_thread import compute_thread
 from tessera.media import decode_image
@@ -90,13 +90,10 @@ def generate_costs(model: str, prompt_tokens: int, repeats: int) -> tuple[float,
 
 
 def measure(model: str, prompt_tokens: int, batch_sizes: list[int], repeats: int) -> PartCosts:
-    options = LoadOptions(
-        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
-    )
     # Every torch op on the one compute thread, as the services run them; the engine
     # (tessera_step) hands its own work to that thread, so this runs beside it.
     compute = compute_thread()
-    family = compute.call(load_family, model, options)
+    family = load_language_model(model)
     token_ids = prompts(1, prompt_tokens, family.vocab_size)
     engine_forward_seconds(family, model, token_ids, 0)  # warm-up
     prefill = min(engine_forward_seconds(family, model, token_ids, 0) for _ in range(repeats))

@@ -30,11 +30,10 @@ import torch
 
 from benchmarks.common import bench_model, markdown_table
 from decoder_service.config import DecoderConfig
-from decoder_service.main import build_engine, encoder_replicas
+from decoder_service.main import build_engine, encoder_replicas, load_options
 from decoder_service.main import build_parser as build_decoder_parser
-from decoder_service.paged_attention import ATTENTION_NAME
 from decoder_service.request import DecodeSpec, SamplingOptions
-from tessera.adapters import LoadOptions, ModelPart, load_family
+from tessera.adapters import load_family
 from tessera.compute_thread import compute_thread
 
 NUM_DECODE_TOKENS = 32
@@ -55,10 +54,21 @@ def prompts(num_requests: int, num_tokens: int, vocab: int) -> list[tuple[int, .
     ]
 
 
+def decoder_config(model: str) -> DecoderConfig:
+    """The decoder's defaults, with room for every prompt of the largest batch."""
+    flags = ["--model", model, "--max-num-seqs", "64", "--max-num-batched-tokens", "8192"]
+    return DecoderConfig.from_args(build_decoder_parser().parse_args(flags))
+
+
+def load_language_model(model: str):
+    """The family as the decoder loads it (its linear kernel included), on the compute
+    thread: every torch op on one thread, as the services run them."""
+    return compute_thread().call(load_family, model, load_options(decoder_config(model)))
+
+
 def engine_forward_seconds(family, model: str, token_ids: list[tuple[int, ...]], k: int) -> float:
     """Forward time of one engine serving every prompt together, `1 + k` tokens each."""
-    flags = ["--model", model, "--max-num-seqs", "64", "--max-num-batched-tokens", "8192"]
-    config = DecoderConfig.from_args(build_decoder_parser().parse_args(flags))
+    config = decoder_config(model)
     engine = build_engine(config, family, encoder_replicas(config))
 
     async def run() -> None:
@@ -121,11 +131,7 @@ def generate_token_seconds(model: str, prompt_tokens: int, repeats: int) -> floa
 
 
 def measure(model: str, batch_sizes: list[int], prompt_tokens: int, repeats: int) -> dict:
-    options = LoadOptions(
-        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, text_attention=ATTENTION_NAME
-    )
-    # Every torch op on one thread, as the services run them (tessera.compute_thread).
-    family = compute_thread().call(load_family, model, options)
+    family = load_language_model(model)
     tessera_step(family, model, 1, prompt_tokens, 1)  # warm-up
     costs = []
     for batch_size in batch_sizes:

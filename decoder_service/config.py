@@ -51,6 +51,7 @@ class DecoderConfig:
     block_size: int
     enable_prefix_caching: bool
     adapt_torch_threads: bool
+    onednn_linear: bool
     max_prefetch_bytes: int
     fetch_mode: str
     colocated_encoder: bool
@@ -205,6 +206,15 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         help="on a CPU, run each forward on one torch thread per CPU the rest of the host "
         "leaves free (re-decided every 0.2 s, at most --torch-threads): another process's "
         "busy CPU otherwise stalls every op at its barrier",
+    )
+    parser.add_argument(
+        "--onednn-linear",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on a CPU in float32, run the language model's linear layers on oneDNN with "
+        "each weight packed once at load, which does a decode step's few-row matmuls "
+        "faster than torch's own matmul (docs/benchmarks.md); outputs differ from it only "
+        "in the last bits",
     )
     parser.add_argument(
         "--max-prefetch-bytes",

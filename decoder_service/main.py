@@ -138,6 +138,20 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
     )
 
 
+def load_options(config: DecoderConfig) -> LoadOptions:
+    """The parts of the checkpoint the decoder runs, and how (benchmarks load the same)."""
+    parts = ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL
+    if config.colocated_encoder:
+        parts |= ModelPart.MEDIA_ENCODER
+    return LoadOptions(
+        parts,
+        config.device,
+        config.dtype,  # a name; "auto" is resolved against the checkpoint
+        text_attention=ATTENTION_NAME,
+        onednn_linear=config.onednn_linear,
+    )
+
+
 def check_item_budget(config: DecoderConfig, family: ModelFamily) -> None:
     """A family that computes each item in one step needs steps that can hold one."""
     rows = family.fixed_item_rows
@@ -155,19 +169,10 @@ async def run(config: DecoderConfig) -> None:
 
     async def load() -> str:
         await encoders.start()
-        parts = ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL
-        if config.colocated_encoder:
-            parts |= ModelPart.MEDIA_ENCODER
-        elif not config.encoders:
+        if not config.colocated_encoder and not config.encoders:
             log.warning("no --encoders: requests with media items will be refused")
-        options = LoadOptions(
-            parts,
-            config.device,
-            config.dtype,  # a name; "auto" is resolved against the checkpoint
-            text_attention=ATTENTION_NAME,
-        )
         family = await compute_thread().run(
-            load_family, config.model, options, config.model_fingerprint
+            load_family, config.model, load_options(config), config.model_fingerprint
         )
         engine = build_engine(config, family, encoders)
         engine.start()
@@ -184,6 +189,7 @@ async def run(config: DecoderConfig) -> None:
             f"max_num_batched_tokens={config.max_num_batched_tokens} "
             f"kv_blocks={kv.num_blocks}x{kv.block_size} prefix_caching={kv.enable_prefix_caching} "
             f"adapt_torch_threads={'on' if engine.threads else 'off'} "
+            f"linear={family.linear_kernel} "
             f"metrics_port={config.metrics_port or 'off'} "
             f"encoders={sources or 'none'}"
         )

@@ -55,6 +55,9 @@ class LoadOptions:
     text_attention: str | None = None
     # The gateway's --chat-template: renders prompts instead of the checkpoint's template.
     chat_template: str | None = None
+    # The language model's linear layers on oneDNN, weights packed once (CPU, float32;
+    # tessera.onednn_linear). The decoder's --onednn-linear.
+    onednn_linear: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,8 @@ class ModelFamily(Protocol):
     eos_token_ids: tuple[int, ...]
     device: torch.device
     dtype: torch.dtype
+    # What runs the language model's linear layers: "onednn" (packed at load) or "torch".
+    linear_kernel: str
 
     # -- processor side (gateway, encoder) ----------------------------------------------
 

@@ -29,6 +29,7 @@ from tessera.adapters.base import (
 )
 from tessera.hashing import model_fingerprint
 from tessera.media import DecodedImage, ProcessingOptions
+from tessera.onednn_linear import ONEDNN, TORCH, onednn_applies, pack_linears
 from tessera.placeholders import Modality, PlaceholderRange
 from tessera.video import FrameSampler
 
@@ -60,6 +61,7 @@ class HFFamily:
             self._override_chat_template(options.chat_template)
         self._check_chat_template()
         self._model = self._load_model(options)
+        self.linear_kernel = self._pack_linears(options)
         config = self._config = self._model.config if self._model else _load_config(model_dir)
         text = config.get_text_config()
         self.placeholder_token_ids = self._placeholder_token_ids()
@@ -111,6 +113,16 @@ class HFFamily:
             model.model.language_model = None
             model.lm_head = None
         return model.to(options.device).eval()
+
+    def _pack_linears(self, options: LoadOptions) -> str:
+        """--onednn-linear: the language model's and lm_head's linears on oneDNN."""
+        if not options.onednn_linear or ModelPart.LANGUAGE_MODEL not in options.parts:
+            return TORCH
+        if not onednn_applies(self.device, self.dtype):
+            return TORCH
+        model = self._model
+        pack_linears(model, [model.model.language_model, model.lm_head])
+        return ONEDNN
 
     def _placeholder_token_ids(self) -> dict[Modality, int]:
         return {Modality.IMAGE: int(self._config.image_token_id)}

@@ -9,6 +9,7 @@ import threading
 
 import grpc
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
@@ -47,6 +48,14 @@ def test_health_reflection_and_start_line(cluster, name):
     assert "transport=plaintext" in ready_lines[0]
     assert f"tessera {name} accepts unauthenticated callers (plaintext)" in log
     assert re.search(r" torch_threads=[1-9]\d*$", ready_lines[0]), ready_lines[0]
+
+
+def test_decoder_runs_the_exactness_tests_on_onednn_linears(cluster, run_on):
+    """The default --onednn-linear is what every exactness test against generate() runs
+    (on a CPU in float32; torch's linears elsewhere)."""
+    (ready,) = [line for line in cluster.log_text("decoder").splitlines() if " ready: " in line]
+    expected = "onednn" if run_on.is_default and torch.backends.mkldnn.is_available() else "torch"
+    assert f" linear={expected} " in ready, ready
 
 
 def test_ready_line_names_the_torch_threads_it_was_given(cluster):

@@ -1,0 +1,95 @@
+"""The language model's linear layers on oneDNN, with each weight packed once at load.
+
+A decode step multiplies every weight by one row per running request. torch's default
+CPU matmul (MKL's sgemm) re-lays the weight out in every call, so on the 2-core hosts of
+docs/benchmarks.md a step of 4 requests cost 1.4-1.5x a step of 1 and a step of 16
+3.4-5x, though the weights stream from memory once either way. oneDNN, given the weight
+reordered into its own layout once, does the few-row product at about the speed the
+weight streams: steps of 1 / 4 / 16 requests 6.9 / 6.1-6.4 / 8.6 ms against 7.0-7.7 /
+9.3-10.9 / 23-36 ms (the bench checkpoint, same host; prefill within noise). vLLM's CPU
+backend packs its linear weights with oneDNN the same way.
+
+The packed weight replaces the dense one (no second copy), except where the weight is
+shared with a module left alone (an lm_head tied to the input embeddings keeps torch's
+path rather than hold the vocabulary twice). Outputs differ from torch's in the last
+bits (another order of summation), as a batch of 4 already differs from a batch of 1:
+greedy tokens may differ from `generate()`'s only at near-ties (docs/design.md).
+
+Only on a CPU in float32, where that rule is tested; elsewhere `pack_linears` changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ONEDNN = "onednn"
+TORCH = "torch"
+
+
+class OneDnnLinear(torch.nn.Module):
+    """`torch.nn.Linear`'s forward over a weight (and bias) packed for oneDNN."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        weight = linear.weight.detach().to_mkldnn()
+        bias = None if linear.bias is None else linear.bias.detach().to_mkldnn()
+        # Not in the state dict: the checkpoint's dense tensors stay the saved form.
+        self.register_buffer("packed_weight", weight, persistent=False)
+        self.register_buffer("packed_bias", bias, persistent=False)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        packed = rows.contiguous().to_mkldnn()
+        return torch._C._nn.mkldnn_linear(packed, self.packed_weight, self.packed_bias).to_dense()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN"
+
+
+def onednn_applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `pack_linears` packs anything for a model on `device` in `dtype`."""
+    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+def pack_linears(model: torch.nn.Module, roots: list[torch.nn.Module]) -> int:
+    """Replaces every `torch.nn.Linear` in `roots` (modules of `model`) by a `OneDnnLinear`
+    and returns how many it replaced; a linear whose weight another module of `model`
+    also holds (tied embeddings) is left as it is.
+
+    Call on a model already on its device, in eval mode: a packed weight cannot move.
+    """
+    chosen = _linears(roots)
+    held_elsewhere = {
+        parameter.data_ptr()
+        for module in model.modules()
+        if id(module) not in chosen
+        for parameter in module.parameters(recurse=False)
+    }
+    packed: dict[int, OneDnnLinear] = {}  # one packed copy of a linear held twice
+    for parent, name, linear in _linear_slots(model, chosen):
+        if linear.weight.data_ptr() in held_elsewhere:
+            continue
+        if id(linear) not in packed:
+            packed[id(linear)] = OneDnnLinear(linear)
+        setattr(parent, name, packed[id(linear)])
+    return len(packed)
+
+
+def _linears(roots: list[torch.nn.Module]) -> set[int]:
+    """ids of the plain linears in `roots` (a subclass may change the forward: left out)."""
+    return {
+        id(module) for root in roots for module in root.modules() if type(module) is torch.nn.Linear
+    }
+
+
+def _linear_slots(model: torch.nn.Module, chosen: set[int]):
+    """(parent, attribute name, linear) of each chosen linear, listed before any change."""
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        # _modules, not named_children(): that lists a module held twice only once.
+        for name, child in parent._modules.items()
+        if id(child) in chosen
+    ]
