@@ -1,13 +1,12 @@
 """The language model's linear layers on oneDNN, with each weight packed once at load.
 
 A decode step multiplies every weight by one row per running request. torch's default
-CPU matmul (MKL's sgemm) re-lays the weight out in every call, so on the 2-core hosts of
-docs/benchmarks.md a step of 4 requests cost 1.4-1.5x a step of 1 and a step of 16
-3.4-5x, though the weights stream from memory once either way. oneDNN, given the weight
-reordered into its own layout once, does the few-row product at about the speed the
-weight streams: steps of 1 / 4 / 16 requests 6.9 / 6.1-6.4 / 8.6 ms against 7.0-7.7 /
-9.3-10.9 / 23-36 ms (the bench checkpoint, same host; prefill within noise). vLLM's CPU
-backend packs its linear weights with oneDNN the same way.
+CPU matmul (MKL's sgemm) re-lays the weight out in every call, which dominated the step
+on the 2-core hosts of docs/benchmarks.md. oneDNN, given the weight reordered into its
+own layout once, does the few-row product at about the speed the weight streams from
+memory: steps of 1 / 4 / 16 requests 5.5 / 7.7 / 16.3 ms against 7.7 / 10.1 / 17.7 ms
+on the bench checkpoint, a prefill chunk ~10% faster too. vLLM's CPU backend packs its
+linear weights with oneDNN the same way.
 
 The packed weight replaces the dense one (no second copy), except where the weight is
 shared with a module left alone (an lm_head tied to the input embeddings keeps torch's
@@ -34,15 +33,17 @@ class OneDnnLinear(torch.nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        weight = linear.weight.detach().to_mkldnn()
-        bias = None if linear.bias is None else linear.bias.detach().to_mkldnn()
+        bias = None if linear.bias is None else linear.bias.detach()
         # Not in the state dict: the checkpoint's dense tensors stay the saved form.
-        self.register_buffer("packed_weight", weight, persistent=False)
-        self.register_buffer("packed_bias", bias, persistent=False)
+        self.register_buffer("packed_weight", linear.weight.detach().to_mkldnn(), persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        packed = rows.contiguous().to_mkldnn()
-        return torch._C._nn.mkldnn_linear(packed, self.packed_weight, self.packed_bias).to_dense()
+        # Dense rows in and out, in one call: converting them to oneDNN's tensors and back
+        # around `mkldnn_linear` cost more than the product itself at a decode step's rows.
+        return torch.ops.mkldnn._linear_pointwise(
+            rows, self.packed_weight, self.bias, "none", [], ""
+        )
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN"
