@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -94,3 +95,21 @@ def scale_of(args: argparse.Namespace) -> Scale:
     if args.growth_repeats:
         scale = dataclasses.replace(scale, growth_repeats=args.growth_repeats)
     return scale
+
+
+def run_suites(bench: object, suites: Sequence[str]) -> dict[str, str]:
+    """Runs the chosen suites of `bench` (a `benchmarks.run.Bench`: its `<suite>_suite`
+    methods) in SUITES order. One that raises has its traceback printed and its error
+    returned by name, and the next one runs: a run of a quarter hour is not thrown away
+    for its last suite. The caller fails the run when any did."""
+    failed: dict[str, str] = {}
+    for suite in SUITES:
+        if suite not in suites:
+            continue
+        print(f"\n== {suite}", flush=True)
+        try:
+            getattr(bench, f"{suite}_suite")()
+        except Exception as error:  # reported by the caller, which fails the run
+            traceback.print_exc()
+            failed[suite] = f"{type(error).__name__}: {error}"
+    return failed

@@ -210,6 +210,16 @@ def targets(
     return markdown_table(["figure", "target", "measured", ""], table_rows), records
 
 
+def failed_suites_section(failed: dict[str, str]) -> list[str]:
+    """The run's first section when suites failed: which, and the error of each."""
+    rows = [[suite, error] for suite, error in failed.items()]
+    return [
+        "## Suites that failed (their tables are missing; the run failed)\n",
+        markdown_table(["suite", "error"], rows),
+        "",
+    ]
+
+
 def write(out: Path, env: dict, results: dict, sections: list[str]) -> str:
     """Writes results.json and results.md to `out`; returns the markdown."""
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))

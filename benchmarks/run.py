@@ -10,7 +10,9 @@ Arms: hf-generate (generate() in this process), reencode-per-chunk (chunked pref
 re-runs the vision tower for every chunk touching an image), whole-fetch (the decoder
 fetches whole items for every chunk), no-cache (embedding cache and prefix cache off),
 tessera. Every arm's greedy tokens are checked against generate(); a real difference
-fails the run. Writes results.json, results.md and PNG plots to --out.
+fails the run. Writes results.json, results.md and PNG plots to --out; a suite that fails
+(a difference, a refused request) is listed there and fails the run, after the other
+suites have run and their tables are written.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from benchmarks import disagg, fleet, growth, latency, plots, report, wire
 from benchmarks.common import bench_model, environment
 from benchmarks.inprocess import HfGenerate, ReencodePerChunk
-from benchmarks.options import BASELINE_SUITES, SUITES, parse_args, scale_of
+from benchmarks.options import BASELINE_SUITES, parse_args, run_suites, scale_of
 from benchmarks.scale import Scale
 from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
@@ -438,15 +440,18 @@ def main() -> int:
     started = time.perf_counter()
     try:
         bench.start()
-        for suite in SUITES:
-            if suite in args.suites:
-                print(f"\n== {suite}", flush=True)
-                getattr(bench, f"{suite}_suite")()
+        failed = run_suites(bench, args.suites)
     finally:
         bench.stop()
     bench.targets()
+    if failed:
+        bench.results["failed_suites"] = failed
+        bench.md[:0] = report.failed_suites_section(failed)
     bench.env["duration_s"] = round(time.perf_counter() - started)
     print("\n" + report.write(args.out, bench.env, bench.results, bench.md))
+    if failed:
+        print(f"FAILED suites: {', '.join(failed)} (results.md lists why)", file=sys.stderr)
+        return 1
     return 0
 
 
