@@ -145,6 +145,8 @@ class Bench:
         if self.mtls_cluster is not None:
             self.mtls_cluster.wait_ready()
         print(f"  ready in {time.perf_counter() - started:.0f}s", flush=True)
+        # What --linear-kernel auto chose on this host: figures depend on it.
+        self.env["decoder_linear_kernel"] = self.cluster.ready_field(self.tessera.decoder, "linear")
         reference = Reference(Path(model), RunOn(self.args.device, self.args.dtype))
         self.hf = HfGenerate(reference)
         # Its own chunked loop builds positions and masks on the CPU.
@@ -317,7 +319,8 @@ class Bench:
         self.md += [
             "## Decode step by batch size (the decoder's engine, in a process of its own)\n",
             f"Prompts of {self.step['prompt_tokens']} tokens; generate(): "
-            f"{self.step['generate_ms']:.2f} ms per token.\n",
+            f"{self.step['generate_ms']:.2f} ms per token; the engine's linears: "
+            f"{self.step['linear_kernel']}.\n",
             self.step["table"],
             "",
         ]

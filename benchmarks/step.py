@@ -141,7 +141,12 @@ def measure(model: str, batch_sizes: list[int], prompt_tokens: int, repeats: int
     reference = compute_thread().call(generate_token_seconds, model, prompt_tokens, repeats)
     reference *= 1000
     print(f"generate(): {reference:.2f} ms per token", flush=True)
-    return {"prompt_tokens": prompt_tokens, "generate_ms": reference, "costs": costs}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "generate_ms": reference,
+        "linear_kernel": family.linear_kernel,
+        "costs": costs,
+    }
 
 
 def table(result: dict) -> str:

@@ -14,6 +14,7 @@ from tessera.config_common import (
     add_served_model_name_flag,
     config_from_args,
 )
+from tessera.linear_choice import AUTO, LINEAR_KERNELS
 from tessera.metrics import add_metrics_flag
 from tessera.tls import TlsFiles, add_tls_flags
 
@@ -51,7 +52,7 @@ class DecoderConfig:
     block_size: int
     enable_prefix_caching: bool
     adapt_torch_threads: bool
-    onednn_linear: bool
+    linear_kernel: str
     max_prefetch_bytes: int
     fetch_mode: str
     colocated_encoder: bool
@@ -208,13 +209,13 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         "busy CPU otherwise stalls every op at its barrier",
     )
     parser.add_argument(
-        "--onednn-linear",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on a CPU in float32, run the language model's linear layers on oneDNN with "
-        "each weight packed once at load, which does a decode step's few-row matmuls "
-        "faster than torch's own matmul (docs/benchmarks.md); outputs differ from it only "
-        "in the last bits",
+        "--linear-kernel",
+        choices=LINEAR_KERNELS,
+        default=AUTO,
+        help="on a CPU in float32, what runs the language model's linear layers: torch's "
+        "matmul, oneDNN with each weight packed once at load, or auto: both timed on each "
+        "weight shape at load, oneDNN where it is faster on this host (docs/benchmarks.md); "
+        "the two differ only in the last bits",
     )
     parser.add_argument(
         "--max-prefetch-bytes",

@@ -148,7 +148,7 @@ def load_options(config: DecoderConfig) -> LoadOptions:
         config.device,
         config.dtype,  # a name; "auto" is resolved against the checkpoint
         text_attention=ATTENTION_NAME,
-        onednn_linear=config.onednn_linear,
+        linear_kernel=config.linear_kernel,
     )
 
 

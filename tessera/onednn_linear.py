@@ -4,9 +4,11 @@ A decode step multiplies every weight by one row per running request. torch's de
 CPU matmul (MKL's sgemm) re-lays the weight out in every call, which dominated the step
 on the 2-core hosts of docs/benchmarks.md. oneDNN, given the weight reordered into its
 own layout once, does the few-row product at about the speed the weight streams from
-memory: steps of 1 / 4 / 16 requests 5.5 / 7.7 / 16.3 ms against 7.7 / 10.1 / 17.7 ms
-on the bench checkpoint, a prefill chunk ~10% faster too. vLLM's CPU backend packs its
-linear weights with oneDNN the same way.
+memory: on an AMD EPYC host, steps of 1 / 4 / 16 requests 5.5 / 7.7 / 16.3 ms against
+7.7 / 10.1 / 17.7 ms on the bench checkpoint, a prefill chunk ~10% faster too. vLLM's
+CPU backend packs its linear weights with oneDNN the same way. On an Intel Xeon host
+MKL did most of those few-row products faster still, so which shapes are packed is
+measured on the host at load (tessera.linear_choice).
 
 The packed weight replaces the dense one (no second copy), except where the weight is
 shared with a module left alone (an lm_head tied to the input embeddings keeps torch's
@@ -14,11 +16,12 @@ path rather than hold the vocabulary twice). Outputs differ from torch's in the 
 bits (another order of summation), as a batch of 4 already differs from a batch of 1:
 greedy tokens may differ from `generate()`'s only at near-ties (docs/design.md).
 
-Only on a CPU in float32, where that rule is tested; elsewhere `pack_linears` changes
-nothing.
+Only on a CPU in float32, where that rule is tested.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import torch
 
@@ -54,13 +57,33 @@ def onednn_applies(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def pack_linears(model: torch.nn.Module, roots: list[torch.nn.Module]) -> int:
-    """Replaces every `torch.nn.Linear` in `roots` (modules of `model`) by a `OneDnnLinear`
-    and returns how many it replaced; a linear whose weight another module of `model`
-    also holds (tied embeddings) is left as it is.
+def pack_linears(
+    model: torch.nn.Module,
+    roots: list[torch.nn.Module],
+    shapes: Collection[tuple[int, int]] | None = None,
+) -> int:
+    """Replaces the linears of `packable_linears(model, roots)` by `OneDnnLinear`s (only
+    those whose `(out_features, in_features)` is in `shapes`, when given) and returns how
+    many it replaced.
 
     Call on a model already on its device, in eval mode: a packed weight cannot move.
     """
+    packed: dict[int, OneDnnLinear] = {}  # one packed copy of a linear held twice
+    for parent, name, linear in packable_linears(model, roots):
+        if shapes is not None and (linear.out_features, linear.in_features) not in shapes:
+            continue
+        if id(linear) not in packed:
+            packed[id(linear)] = OneDnnLinear(linear)
+        setattr(parent, name, packed[id(linear)])
+    return len(packed)
+
+
+def packable_linears(
+    model: torch.nn.Module, roots: list[torch.nn.Module]
+) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
+    """(parent, attribute name, linear) of every `torch.nn.Linear` in `roots` (modules of
+    `model`), but for a linear whose weight another module of `model` also holds (tied
+    embeddings); a linear held by two parents is listed for each."""
     chosen = _linears(roots)
     held_elsewhere = {
         parameter.data_ptr()
@@ -68,14 +91,11 @@ def pack_linears(model: torch.nn.Module, roots: list[torch.nn.Module]) -> int:
         if id(module) not in chosen
         for parameter in module.parameters(recurse=False)
     }
-    packed: dict[int, OneDnnLinear] = {}  # one packed copy of a linear held twice
-    for parent, name, linear in _linear_slots(model, chosen):
-        if linear.weight.data_ptr() in held_elsewhere:
-            continue
-        if id(linear) not in packed:
-            packed[id(linear)] = OneDnnLinear(linear)
-        setattr(parent, name, packed[id(linear)])
-    return len(packed)
+    return [
+        (parent, name, linear)
+        for parent, name, linear in _linear_slots(model, chosen)
+        if linear.weight.data_ptr() not in held_elsewhere
+    ]
 
 
 def _linears(roots: list[torch.nn.Module]) -> set[int]:

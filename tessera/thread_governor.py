@@ -80,6 +80,31 @@ def sample_cpus(cpus: Collection[int]) -> CpuSample:
     return CpuSample(time.monotonic(), read_host_busy_seconds(cpus), times.user + times.system)
 
 
+def others_cpus(before: CpuSample, after: CpuSample) -> float:
+    """CPUs the rest of the host kept busy on average between two samples (at least 0:
+    the counters tick at different times)."""
+    elapsed = after.wall_seconds - before.wall_seconds
+    others = after.host_busy_seconds - before.host_busy_seconds
+    others -= after.own_seconds - before.own_seconds
+    return max(0.0, others) / elapsed
+
+
+def watched_cpus(
+    cpus: Collection[int] | None = None, num_usable: int | None = None
+) -> frozenset[int] | None:
+    """The CPUs (this process's affinity mask, unless `cpus`) on which /proc/stat tells
+    what the rest of the host does, or None where it cannot: a cgroup quota leaving fewer
+    CPUs (`num_usable`, by default `usable_cpus()`) than the mask holds, whose other
+    tenants' time says nothing about ours."""
+    if cpus is None:
+        if not hasattr(os, "sched_getaffinity"):
+            return None
+        cpus = os.sched_getaffinity(0)
+    if (usable_cpus() if num_usable is None else num_usable) < len(cpus):
+        return None
+    return frozenset(cpus)
+
+
 def threads_for(num_cpus: int, others_cpus: float, max_threads: int) -> int:
     """One thread per CPU the others leave, rounded half up, within `[1, max_threads]`."""
     return max(1, min(max_threads, math.floor(num_cpus - others_cpus + 0.5)))
@@ -124,12 +149,10 @@ class ThreadGovernor:
                 self._use(self.max_threads)
             return self.threads  # most steps: no system call
         now = self._sample(self.cpus)
-        elapsed = now.wall_seconds - self._last.wall_seconds
-        others = now.host_busy_seconds - self._last.host_busy_seconds
-        others -= now.own_seconds - self._last.own_seconds
+        others = others_cpus(self._last, now)
         self._last = now
         self._window, self._restarted = self._window_seconds, False
-        self._use(threads_for(len(self.cpus), max(0.0, others) / elapsed, self.max_threads))
+        self._use(threads_for(len(self.cpus), others, self.max_threads))
         return self.threads
 
     def _use(self, threads: int) -> None:
@@ -148,14 +171,11 @@ def governor_for_this_process(
     holds, or no /proc/stat."""
     import torch
 
-    if cpus is None:
-        if not hasattr(os, "sched_getaffinity"):
-            return None
-        cpus = os.sched_getaffinity(0)
     if max_threads <= 1:
         return None
-    if (usable_cpus() if num_usable is None else num_usable) < len(cpus):
-        log.info("adaptive torch threads off: a CPU quota tighter than the affinity mask")
+    cpus = watched_cpus(cpus, num_usable)
+    if cpus is None:
+        log.info("adaptive torch threads off: no affinity mask, or a CPU quota tighter than it")
         return None
     try:
         return ThreadGovernor(cpus, max_threads, torch.set_num_threads)

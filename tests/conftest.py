@@ -68,12 +68,16 @@ def cluster(demo_model_dir, run_on) -> Cluster:
             [*model, "--cache-bytes", "0", *pins, "--torch-threads", "1"],
         )
         # The decoder dials only the encoders it is given: both, so that tests may send it
-        # requests naming either.
+        # requests naming either. Its linears on oneDNN whatever this host's timings
+        # would choose (--linear-kernel auto): every exactness test then runs the kernel
+        # that differs from generate()'s; other stacks run the default.
         decoder = services.start(
             "decoder",
             "decoder",
             [
                 *model,
+                "--linear-kernel",
+                "onednn",
                 "--encoders",
                 f"{encoder},{small}",
                 "--metrics-port",

@@ -55,9 +55,10 @@ class LoadOptions:
     text_attention: str | None = None
     # The gateway's --chat-template: renders prompts instead of the checkpoint's template.
     chat_template: str | None = None
-    # The language model's linear layers on oneDNN, weights packed once (CPU, float32;
-    # tessera.onednn_linear). The decoder's --onednn-linear.
-    onednn_linear: bool = False
+    # What runs the language model's linear layers on a CPU in float32: "torch",
+    # "onednn" (weights packed once, tessera.onednn_linear) or "auto" (measured shape by
+    # shape at load, tessera.linear_choice). The decoder's --linear-kernel.
+    linear_kernel: str = "torch"
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,8 @@ class ModelFamily(Protocol):
     eos_token_ids: tuple[int, ...]
     device: torch.device
     dtype: torch.dtype
-    # What runs the language model's linear layers: "onednn" (packed at load) or "torch".
+    # What runs the language model's linear layers: "torch", "onednn" (packed at load),
+    # or what --linear-kernel auto chose ("auto:torch", "auto:onednn", "auto:onednn+torch").
     linear_kernel: str
 
     # -- processor side (gateway, encoder) ----------------------------------------------

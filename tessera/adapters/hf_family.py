@@ -28,8 +28,9 @@ from tessera.adapters.base import (
     ProcessedImage,
 )
 from tessera.hashing import model_fingerprint
+from tessera.linear_choice import apply_linear_kernel
 from tessera.media import DecodedImage, ProcessingOptions
-from tessera.onednn_linear import ONEDNN, TORCH, onednn_applies, pack_linears
+from tessera.onednn_linear import TORCH, onednn_applies
 from tessera.placeholders import Modality, PlaceholderRange
 from tessera.video import FrameSampler
 
@@ -115,14 +116,14 @@ class HFFamily:
         return model.to(options.device).eval()
 
     def _pack_linears(self, options: LoadOptions) -> str:
-        """--onednn-linear: the language model's and lm_head's linears on oneDNN."""
-        if not options.onednn_linear or ModelPart.LANGUAGE_MODEL not in options.parts:
+        """--linear-kernel: what runs the language model's and lm_head's linears."""
+        if ModelPart.LANGUAGE_MODEL not in options.parts:
             return TORCH
         if not onednn_applies(self.device, self.dtype):
             return TORCH
         model = self._model
-        pack_linears(model, [model.model.language_model, model.lm_head])
-        return ONEDNN
+        roots = [model.model.language_model, model.lm_head]
+        return apply_linear_kernel(model, roots, options.linear_kernel)
 
     def _placeholder_token_ids(self) -> dict[Modality, int]:
         return {Modality.IMAGE: int(self._config.image_token_id)}

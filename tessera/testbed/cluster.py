@@ -98,6 +98,13 @@ class Cluster:
     def stop(self) -> None:
         stop_children(self.children, grace_seconds=10)
 
+    def ready_field(self, name: str, field: str) -> str:
+        """A `field=value` of the service's ready line: what it chose at start."""
+        ready = next(line for line in self.log_text(name).splitlines() if " ready: " in line)
+        match = re.search(rf" {field}=(\S+)", ready)
+        assert match, ready
+        return match.group(1)
+
     def fingerprint(self, name: str = "gateway") -> str:
         """The model fingerprint a service logged at start: what content hashes cover."""
         match = re.search(r"fingerprint=(\w+)", self.log_text(name))

@@ -51,11 +51,10 @@ def test_health_reflection_and_start_line(cluster, name):
 
 
 def test_decoder_runs_the_exactness_tests_on_onednn_linears(cluster, run_on):
-    """The default --onednn-linear is what every exactness test against generate() runs
-    (on a CPU in float32; torch's linears elsewhere)."""
-    (ready,) = [line for line in cluster.log_text("decoder").splitlines() if " ready: " in line]
+    """The session's decoder (--linear-kernel onednn) runs every exactness test against
+    generate() on oneDNN (on a CPU in float32; torch's linears elsewhere)."""
     expected = "onednn" if run_on.is_default and torch.backends.mkldnn.is_available() else "torch"
-    assert f" linear={expected} " in ready, ready
+    assert cluster.ready_field("decoder", "linear") == expected
 
 
 def test_ready_line_names_the_torch_threads_it_was_given(cluster):

@@ -63,6 +63,12 @@ def test_tied_weights_and_linear_subclasses_are_left_to_torch():
     assert model.head.weight is model.embed.weight
 
 
+def test_only_the_shapes_asked_for_are_packed():
+    model = _Toy().eval()
+    assert pack_linears(model, [model.body], shapes={(8, 16)}) == 1
+    assert [type(m) for m in model.body] == [torch.nn.Linear, torch.nn.SiLU, OneDnnLinear]
+
+
 def test_a_linear_reached_twice_is_packed_once():
     shared = torch.nn.Linear(4, 4)
     model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared).eval()
@@ -82,9 +88,9 @@ def _last_logits(family, token_ids: list[int]) -> torch.Tensor:
     return family.compute_logits(hidden[-1:])[0]
 
 
-def test_a_family_loaded_with_onednn_linear_runs_its_language_model_on_it(demo_model_dir):
+def test_a_family_loaded_with_the_onednn_kernel_runs_its_language_model_on_it(demo_model_dir):
     parts = ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL
-    packed = load_family(str(demo_model_dir), LoadOptions(parts, onednn_linear=True))
+    packed = load_family(str(demo_model_dir), LoadOptions(parts, linear_kernel="onednn"))
     dense = load_family(str(demo_model_dir), LoadOptions(parts))
     assert (packed.linear_kernel, dense.linear_kernel) == ("onednn", "torch")
     modules = list(packed._model.modules())
@@ -98,6 +104,6 @@ def test_a_family_loaded_with_onednn_linear_runs_its_language_model_on_it(demo_m
 
 def test_a_family_in_bfloat16_keeps_torch_linears(demo_model_dir):
     options = LoadOptions(
-        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, dtype=torch.bfloat16, onednn_linear=True
+        ModelPart.PROCESSOR | ModelPart.LANGUAGE_MODEL, dtype=torch.bfloat16, linear_kernel="onednn"
     )
     assert load_family(str(demo_model_dir), options).linear_kernel == "torch"

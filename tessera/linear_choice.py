@@ -1,0 +1,214 @@
+"""Which kernel runs each linear shape of the language model, measured on the host at load.
+
+torch's CPU matmul (MKL's sgemm) and oneDNN with a packed weight (tessera.onednn_linear)
+rank differently by host and by shape. For a decode step's few rows, on the AMD EPYC
+host of docs/benchmarks.md oneDNN was 1.4-2.2x faster on every shape; on an Intel Xeon
+host torch was 1.4-2.3x faster on all but the vocabulary-sized lm_head. No fixed choice
+serves both, so `--linear-kernel auto` (the decoder's default) times both kernels on
+each distinct weight shape, on the thread and with the weights the forwards will use,
+and packs only the shapes where oneDNN is clearly faster.
+
+A shape's score is the geometric mean over `ROW_COUNTS` of oneDNN's time over torch's,
+so each row count weighs the same whatever its absolute cost:
+
+    512x512 on the Intel host: 1 row 1.62, 4 rows 1.81, 16 rows 0.94, 64 rows 0.98
+      -> (1.62 * 1.81 * 0.94 * 0.98) ** (1/4) = 1.29: torch
+    8192x512 (lm_head): 1.17, 0.91, 0.72, 0.81 -> 0.89: oneDNN (below 0.95)
+
+Products of hundreds of rows (prefill chunks) were within ~10% of each other on both
+hosts and are not timed, which keeps the measurement short: under two seconds for the
+bench checkpoint, on the order of ten for a 7B model. Each kernel keeps its fastest of
+several alternating rounds (other work only adds time), and timings taken while the rest
+of the host was busy (services started together load their models at once) are taken
+again after a pause. Two starts of one decoder may still choose differently for a shape
+where the kernels are close; both give the same outputs up to the last bits, which the
+exactness rule allows (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from tessera.onednn_linear import ONEDNN, TORCH, OneDnnLinear, pack_linears, packable_linears
+from tessera.thread_governor import CpuSample, others_cpus, sample_cpus, watched_cpus
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+LINEAR_KERNELS = (AUTO, ONEDNN, TORCH)
+ROW_COUNTS = (1, 4, 16, 64)  # decode steps of 1 to 64 requests, small chunks
+# oneDNN is packed only where it is at least this much faster: torch's path is the
+# default, and a shape where the two tie is not worth a private op.
+MAX_ONEDNN_RATIO = 0.95
+MAX_TIMED_LINEARS = 4  # of one shape, called in turn as a forward streams its weights
+NUM_ROUNDS = 5  # timed rounds per kernel and row count, alternating
+MIN_ROUND_SECONDS = 0.001  # a round repeats its calls at least this long (timer noise)
+MAX_ROW_COUNT_SECONDS = 0.5  # past this, a row count stops after MIN_ROUNDS (large models)
+MIN_ROUNDS = 3
+# Timings taken while the rest of the host kept more CPUs than this busy are taken again
+# after a pause, up to MAX_ATTEMPTS times in all (then kept, and the log says so).
+MAX_OTHERS_CPUS = 0.25
+MAX_ATTEMPTS = 3
+RETRY_PAUSE_SECONDS = 0.5
+
+Shape = tuple[int, int]  # (out_features, in_features)
+
+
+@dataclass(frozen=True)
+class ShapeTiming:
+    """Both kernels' time per call on one weight shape, by row count."""
+
+    shape: Shape
+    num_linears: int  # linears of this shape in the model
+    row_counts: tuple[int, ...]
+    torch_seconds: tuple[float, ...]  # median per call, one per row count
+    onednn_seconds: tuple[float, ...]
+
+    @property
+    def onednn_ratio(self) -> float:
+        """oneDNN's time over torch's, geometric mean over the row counts."""
+        ratios = [o / t for o, t in zip(self.onednn_seconds, self.torch_seconds, strict=True)]
+        return math.prod(ratios) ** (1 / len(ratios))
+
+    @property
+    def kernel(self) -> str:
+        return ONEDNN if self.onednn_ratio < MAX_ONEDNN_RATIO else TORCH
+
+    def describe(self) -> str:
+        out_features, in_features = self.shape
+        return (
+            f"{out_features}x{in_features} (x{self.num_linears}): {self.kernel}, "
+            f"oneDNN/torch {self.onednn_ratio:.2f}"
+        )
+
+
+def apply_linear_kernel(model: torch.nn.Module, roots: list[torch.nn.Module], kernel: str) -> str:
+    """Runs the linears of `roots` (modules of `model`, on a CPU in float32) on `kernel`
+    and returns what runs them: "torch", "onednn", or for "auto" the measured choice,
+    "auto:torch", "auto:onednn" or "auto:onednn+torch" (some shapes each)."""
+    if kernel not in LINEAR_KERNELS:
+        raise ValueError(f"linear kernel {kernel!r}: expected one of {', '.join(LINEAR_KERNELS)}")
+    if kernel == TORCH:
+        return TORCH
+    if kernel == ONEDNN:
+        pack_linears(model, roots)
+        return ONEDNN
+    timings, others = time_shapes_on_a_quiet_host(model, roots)
+    busy = "" if others is None else f" (the rest of the host used {others:.2f} CPUs meanwhile)"
+    log.info("linear kernels by shape%s: %s", busy, "; ".join(t.describe() for t in timings))
+    chosen = {t.shape for t in timings if t.kernel == ONEDNN}
+    pack_linears(model, roots, shapes=chosen)
+    return f"{AUTO}:{_summary(timings)}"
+
+
+def time_shapes_on_a_quiet_host(
+    model: torch.nn.Module,
+    roots: list[torch.nn.Module],
+    sample: Callable[[], CpuSample] | None = None,
+    pause: Callable[[float], None] = time.sleep,
+) -> tuple[list[ShapeTiming], float | None]:
+    """`time_shapes`, again after a pause (at most `MAX_ATTEMPTS` times) while the rest
+    of the host kept more than `MAX_OTHERS_CPUS` busy, and the CPUs it used during the
+    timings kept (None where /proc/stat cannot tell: `watched_cpus`). Services started
+    together load their models at once; a kernel timed against that is timed wrong.
+    `sample` reads the host's CPU counters (by default over `watched_cpus()`)."""
+    if sample is None:
+        cpus = watched_cpus()
+        if cpus is not None and Path("/proc/stat").exists():
+            sample = partial(sample_cpus, cpus)
+    for _ in range(MAX_ATTEMPTS - 1):
+        timings, others = _time_shapes_watched(model, roots, sample)
+        if others is None or others <= MAX_OTHERS_CPUS:
+            return timings, others
+        log.info(
+            "linear kernels: the rest of the host used %.2f CPUs while they were timed; "
+            "timing again in %.0f s",
+            others,
+            RETRY_PAUSE_SECONDS,
+        )
+        pause(RETRY_PAUSE_SECONDS)
+    return _time_shapes_watched(model, roots, sample)
+
+
+def _time_shapes_watched(
+    model: torch.nn.Module,
+    roots: list[torch.nn.Module],
+    sample: Callable[[], CpuSample] | None,
+) -> tuple[list[ShapeTiming], float | None]:
+    before = None if sample is None else sample()
+    timings = time_shapes(model, roots)
+    return timings, None if before is None else others_cpus(before, sample())
+
+
+def time_shapes(model: torch.nn.Module, roots: list[torch.nn.Module]) -> list[ShapeTiming]:
+    """`time_kernels` for each weight shape among the linears `pack_linears` would pack."""
+    by_shape: dict[Shape, list[torch.nn.Linear]] = {}
+    for _, _, linear in packable_linears(model, roots):
+        group = by_shape.setdefault((linear.out_features, linear.in_features), [])
+        if all(linear is not other for other in group):  # a linear held twice counts once
+            group.append(linear)
+    return [time_kernels(group) for group in by_shape.values()]
+
+
+@torch.inference_mode()
+def time_kernels(
+    linears: Sequence[torch.nn.Linear],
+    row_counts: Sequence[int] = ROW_COUNTS,
+    num_rounds: int = NUM_ROUNDS,
+) -> ShapeTiming:
+    """Times torch's and oneDNN's forward on `linears` (one shape). Rounds alternate the
+    kernels and each kernel keeps its fastest round: other work on the host only ever
+    adds time, so the least disturbed round is the closest to the kernel's own cost.
+    Packed copies of at most `MAX_TIMED_LINEARS` of them exist only while timing."""
+    timed = list(linears[:MAX_TIMED_LINEARS])
+    packed = [OneDnnLinear(linear) for linear in timed]
+    weight = timed[0].weight
+    generator = torch.Generator(device=weight.device).manual_seed(0)
+    torch_seconds, onednn_seconds = [], []
+    for num_rows in row_counts:
+        rows = torch.randn(
+            num_rows, weight.shape[1], generator=generator, dtype=weight.dtype, device=weight.device
+        )
+        # Warm-up (oneDNN makes its primitive for the shape on the first call), which
+        # also sizes a round: enough passes over the linears to take MIN_ROUND_SECONDS.
+        passes = max(1, math.ceil(MIN_ROUND_SECONDS / max(_seconds_per_call(timed, rows, 1), 1e-9)))
+        _seconds_per_call(packed, rows, passes)
+        on_torch, on_onednn = [], []
+        started = time.perf_counter()
+        for _ in range(num_rounds):
+            on_torch.append(_seconds_per_call(timed, rows, passes))
+            on_onednn.append(_seconds_per_call(packed, rows, passes))
+            spent = time.perf_counter() - started
+            if len(on_torch) >= MIN_ROUNDS and spent > MAX_ROW_COUNT_SECONDS:
+                break
+        torch_seconds.append(min(on_torch))
+        onednn_seconds.append(min(on_onednn))
+    return ShapeTiming(
+        (weight.shape[0], weight.shape[1]),
+        len(linears),
+        tuple(row_counts),
+        tuple(torch_seconds),
+        tuple(onednn_seconds),
+    )
+
+
+def _seconds_per_call(modules: Sequence[torch.nn.Module], rows: torch.Tensor, passes: int) -> float:
+    """Seconds per call over `passes` passes through `modules`, in turn."""
+    started = time.perf_counter()
+    for _ in range(passes):
+        for module in modules:
+            module(rows)
+    return (time.perf_counter() - started) / (passes * len(modules))
+
+
+def _summary(timings: Sequence[ShapeTiming]) -> str:
+    kernels = {t.kernel for t in timings} or {TORCH}
+    return "+".join(sorted(kernels))
