@@ -30,7 +30,7 @@ from pathlib import Path
 from benchmarks import disagg, fleet, growth, latency, plots, report, wire
 from benchmarks.common import bench_model, environment
 from benchmarks.inprocess import HfGenerate, ReencodePerChunk
-from benchmarks.options import BASELINE_SUITES, parse_args, run_suites, scale_of
+from benchmarks.options import BASELINE_SUITES, parse_args, run_bench, scale_of
 from benchmarks.scale import Scale
 from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
@@ -441,11 +441,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args, scale_of(args))
     started = time.perf_counter()
-    try:
-        bench.start()
-        failed = run_suites(bench, args.suites)
-    finally:
-        bench.stop()
+    failed = run_bench(bench, args.suites)
     bench.targets()
     if failed:
         bench.results["failed_suites"] = failed

@@ -119,33 +119,52 @@ def test_a_family_loaded_with_auto_keeps_its_argmax(demo_model_dir):
     assert int(logits[0].argmax()) == int(logits[1].argmax())
 
 
-class _Counters:
-    """The host's CPU counters as `sample_cpus` reads them, scripted: between each pair
-    of samples (one timing) the rest of the host keeps `others[i]` CPUs busy."""
+class _Host:
+    """The host's CPU counters as `sample_cpus` reads them, scripted: over each pair of
+    samples (a quiet check, or one timing) the rest of the host keeps `others[i]` CPUs
+    busy (the last value from then on). Its clock moves with the pauses."""
 
     def __init__(self, others: list[float]):
         self.others = others
         self.samples = 0
         self.wall = self.busy = 0.0
+        self.pauses: list[float] = []
 
     def sample(self) -> CpuSample:
-        if self.samples % 2:  # the end of timing number samples // 2
+        if self.samples % 2:  # the end of a window
             self.wall += 1.0
-            self.busy += self.others[self.samples // 2]
+            self.busy += self.others[min(self.samples // 2, len(self.others) - 1)]
         self.samples += 1
         return CpuSample(self.wall, self.busy, 0.0)
 
+    def clock(self) -> float:
+        return sum(self.pauses)
 
-def test_timings_taken_on_a_busy_host_are_taken_again_after_a_pause():
-    model = _Model().eval()
-    counters, pauses = _Counters([1.5, 0.1, 0.1]), []
-    timings, others = time_shapes_on_a_quiet_host(model, [model], counters.sample, pauses.append)
-    assert others == pytest.approx(0.1) and pauses == [0.5] and counters.samples == 4
-    assert len(timings) == 3
+    def time_shapes(self, model: torch.nn.Module):
+        return time_shapes_on_a_quiet_host(
+            model, [model], self.sample, self.pauses.append, self.clock
+        )
 
 
-def test_a_host_that_stays_busy_gets_its_last_timings_and_says_so():
-    model = _Model().eval()
-    counters, pauses = _Counters([1.5, 1.2, 0.9]), []
-    _, others = time_shapes_on_a_quiet_host(model, [model], counters.sample, pauses.append)
-    assert others == pytest.approx(0.9) and len(pauses) == 2 and counters.samples == 6
+def test_a_quiet_host_is_timed_at_once():
+    host = _Host([0.1, 0.05])
+    timings, others = host.time_shapes(_Model().eval())
+    assert len(timings) == 3 and others == pytest.approx(0.05)
+    assert host.pauses == [0.25] and host.samples == 4  # one check, one timing
+
+
+def test_timing_waits_for_the_host_to_be_quiet_and_for_a_quiet_timing():
+    # Busy when checked; then quiet when checked but busy while timed; then quiet.
+    host = _Host([1.5, 0.1, 1.2, 0.1, 0.1])
+    timings, others = host.time_shapes(_Model().eval())
+    assert timings is not None and others == pytest.approx(0.1)
+    assert host.samples == 10
+    checks, retries = host.pauses[0::2], host.pauses[1::2]
+    assert checks == [0.25, 0.25, 0.25] and all(0.5 <= p <= 1.0 for p in retries)
+
+
+def test_a_host_that_stays_busy_gets_no_timings():
+    host = _Host([1.5])
+    timings, others = host.time_shapes(_Model().eval())
+    assert timings is None and others == pytest.approx(1.5)
+    assert 60.0 <= host.clock() < 62.0  # waited its minute, then gave up
