@@ -141,6 +141,7 @@ def time_shapes_on_a_quiet_host(
             return time_shapes(model, roots), None
         sample = partial(sample_cpus, cpus)
     deadline = clock() + MAX_QUIET_WAIT_SECONDS
+    waited = False
     while True:
         before = sample()
         pause(QUIET_CHECK_SECONDS)
@@ -153,11 +154,14 @@ def time_shapes_on_a_quiet_host(
                 return timings, others
         if clock() >= deadline:
             return None, others
-        log.info(
-            "linear kernels: waiting for a quiet host to time them (the rest of it keeps "
-            "%.2f CPUs busy)",
-            others,
-        )
+        if not waited:  # said once, not at every look
+            waited = True
+            log.info(
+                "linear kernels: waiting up to %.0f s for a quiet host to time them (the "
+                "rest of it keeps %.2f CPUs busy)",
+                MAX_QUIET_WAIT_SECONDS,
+                others,
+            )
         pause(RETRY_PAUSE_SECONDS * random.uniform(1.0, 2.0))
 
 
