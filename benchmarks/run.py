@@ -70,6 +70,10 @@ class Bench:
         self.tls = role_certificates() if args.tls else None
         self.cluster = Cluster(client_tls=self.tls["client"] if self.tls else None)
         self.redis = None
+        # Set by start(); None until then, so that stop() after a failed start stops
+        # what did start and the start's error is what the run reports.
+        self.tessera = self.tessera_b = self.tessera_mtls = self.mtls_cluster = None
+        self.whole = self.no_cache = self.colocated = None
         self.fingerprint = uuid.uuid4().hex if args.redis_url else None
         self.results: dict[str, object] = {"environment": self.env}
         self.md: list[str] = []
@@ -90,13 +94,11 @@ class Bench:
             self.tls,
         )
         compare = self.args.growth_compare_encoder_flags
-        self.tessera_b = None
         if compare is not None:
             b_flags = [*redis, *shlex.split(compare)]
             self.tessera_b = add_deployment(
                 self.cluster, "tessera-b", model, 1, b_flags, DECODER_FLAGS, unique, self.tls
             )
-        self.tessera_mtls = self.mtls_cluster = None
         if "growth" in suites and not self.args.tls:
             # The growth table also shows the front door of a gateway the encoder
             # authenticates: hashes taken as given, large images sent processed.
@@ -113,7 +115,6 @@ class Bench:
                 unique,
                 certs,
             )
-        self.whole = self.no_cache = None
         # The baselines run only in the suites that compare them: three service
         # processes each, on a machine that may be short of memory.
         if self.baselines:
@@ -132,7 +133,6 @@ class Bench:
                 on,
                 self.tls,
             )
-        self.colocated = None
         if "disagg" in suites:
             self.colocated = disagg.add_colocated_deployment(
                 self.cluster, "colocated", model, DECODER_FLAGS

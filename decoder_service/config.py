@@ -14,7 +14,7 @@ from tessera.config_common import (
     add_served_model_name_flag,
     config_from_args,
 )
-from tessera.linear_choice import AUTO, LINEAR_KERNELS
+from tessera.linear_kernels import AUTO, LINEAR_KERNELS
 from tessera.metrics import add_metrics_flag
 from tessera.tls import TlsFiles, add_tls_flags
 

@@ -38,13 +38,12 @@ from pathlib import Path
 
 import torch
 
-from tessera.onednn_linear import ONEDNN, TORCH, OneDnnLinear, pack_linears, packable_linears
+from tessera.linear_kernels import AUTO, LINEAR_KERNELS, ONEDNN, TORCH
+from tessera.onednn_linear import OneDnnLinear, pack_linears, packable_linears
 from tessera.thread_governor import CpuSample, others_cpus, sample_cpus, watched_cpus
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
-LINEAR_KERNELS = (AUTO, ONEDNN, TORCH)
 ROW_COUNTS = (1, 4, 16, 64)  # decode steps of 1 to 64 requests, small chunks
 # oneDNN is packed only where it is at least this much faster: torch's path is the
 # default, and a shape where the two tie is not worth a private op.

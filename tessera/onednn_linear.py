@@ -25,9 +25,6 @@ from collections.abc import Collection
 
 import torch
 
-ONEDNN = "onednn"
-TORCH = "torch"
-
 
 class OneDnnLinear(torch.nn.Module):
     """`torch.nn.Linear`'s forward over a weight (and bias) packed for oneDNN."""

@@ -29,8 +29,9 @@ from tessera.adapters.base import (
 )
 from tessera.hashing import model_fingerprint
 from tessera.linear_choice import apply_linear_kernel
+from tessera.linear_kernels import TORCH
 from tessera.media import DecodedImage, ProcessingOptions
-from tessera.onednn_linear import TORCH, onednn_applies
+from tessera.onednn_linear import onednn_applies
 from tessera.placeholders import Modality, PlaceholderRange
 from tessera.video import FrameSampler
 
