@@ -73,7 +73,7 @@ class ShapeTiming:
     shape: Shape
     num_linears: int  # linears of this shape in the model
     row_counts: tuple[int, ...]
-    torch_seconds: tuple[float, ...]  # median per call, one per row count
+    torch_seconds: tuple[float, ...]  # per call in the fastest round, one per row count
     onednn_seconds: tuple[float, ...]
 
     @property
