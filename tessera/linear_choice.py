@@ -20,9 +20,10 @@ hosts and are not timed, which keeps the measurement short: under two seconds fo
 bench checkpoint, on the order of ten for a 7B model. Each kernel keeps its fastest of
 several alternating rounds (other work only adds time), and the timing waits for the
 rest of the host to be quiet (services started together load their models at once), at
-most a minute, after which every linear stays on torch. Two starts of one decoder may
-still choose differently for a shape where the kernels are close; both give the same
-outputs up to the last bits, which the exactness rule allows (docs/design.md).
+most 20 s (a decoder restarted on a busy host should not wait long to serve), after
+which every linear stays on torch. Two starts of one decoder may still choose
+differently for a shape where the kernels are close; both give the same outputs up to
+the last bits, which the exactness rule allows (docs/design.md).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ MAX_OTHERS_CPUS = 0.25
 QUIET_CHECK_SECONDS = 0.25  # /proc/stat counts 10 ms ticks: ~0.04 CPU of error per CPU
 RETRY_PAUSE_SECONDS = 0.5  # up to twice this, at random: decoders started together
 # At most this long waiting for a quiet host; then every linear stays on torch.
-MAX_QUIET_WAIT_SECONDS = 60.0
+MAX_QUIET_WAIT_SECONDS = 20.0
 
 Shape = tuple[int, int]  # (out_features, in_features)
 
