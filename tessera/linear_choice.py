@@ -51,7 +51,7 @@ ROW_COUNTS = (1, 4, 16, 64)  # decode steps of 1 to 64 requests, small chunks
 MAX_ONEDNN_RATIO = 0.95
 MAX_TIMED_LINEARS = 4  # of one shape, called in turn as a forward streams its weights
 NUM_ROUNDS = 5  # timed rounds per kernel and row count, alternating
-MIN_ROUND_SECONDS = 0.001  # a round repeats its calls at least this long (timer noise)
+MIN_ROUND_SECONDS = 0.001  # each linear's calls in a round take at least this (timer noise)
 MAX_ROW_COUNT_SECONDS = 0.5  # past this, a row count stops after MIN_ROUNDS (large models)
 MIN_ROUNDS = 3
 # Kernels are timed only while the rest of the host keeps at most this many CPUs busy
@@ -195,7 +195,8 @@ def time_kernels(
             num_rows, weight.shape[1], generator=generator, dtype=weight.dtype, device=weight.device
         )
         # Warm-up (oneDNN makes its primitive for the shape on the first call), which
-        # also sizes a round: enough passes over the linears to take MIN_ROUND_SECONDS.
+        # also sizes a round: enough passes that each linear's calls take at least
+        # MIN_ROUND_SECONDS (a round of 4 linears, 4 ms or more).
         passes = max(1, math.ceil(MIN_ROUND_SECONDS / max(_seconds_per_call(timed, rows, 1), 1e-9)))
         _seconds_per_call(packed, rows, passes)
         on_torch, on_onednn = [], []
