@@ -1,14 +1,14 @@
 """The language model's linear layers on oneDNN, with each weight packed once at load.
 
-A decode step multiplies every weight by one row per running request. torch's default
-CPU matmul (MKL's sgemm) re-lays the weight out in every call, which dominated the step
-on the 2-core hosts of docs/benchmarks.md. oneDNN, given the weight reordered into its
+A decode step multiplies every weight by one row per running request. On the AMD EPYC
+host of docs/benchmarks.md torch's default CPU matmul (MKL's sgemm) re-laid the weight
+out in every call, which dominated the step. oneDNN, given the weight reordered into its
 own layout once, does the few-row product at about the speed the weight streams from
-memory: on an AMD EPYC host, steps of 1 / 4 / 16 requests 5.5 / 7.7 / 16.3 ms against
-7.7 / 10.1 / 17.7 ms on the bench checkpoint, a prefill chunk ~10% faster too. vLLM's
-CPU backend packs its linear weights with oneDNN the same way. On an Intel Xeon host
-MKL did most of those few-row products faster still, so which shapes are packed is
-measured on the host at load (tessera.linear_choice).
+memory: there, steps of 1 / 4 / 16 requests 5.5 / 7.7 / 16.3 ms against 7.7 / 10.1 /
+17.7 ms on the bench checkpoint, a prefill chunk ~10% faster too. vLLM's CPU backend
+packs its linear weights with oneDNN the same way. On an Intel Xeon host MKL did most of
+those few-row products faster still, so which shapes are packed is measured on the host
+at load (tessera.linear_choice).
 
 The packed weight replaces the dense one (no second copy), except where the weight is
 shared with a module left alone (an lm_head tied to the input embeddings keeps torch's
