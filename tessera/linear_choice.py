@@ -40,7 +40,13 @@ from pathlib import Path
 import torch
 
 from tessera.linear_kernels import AUTO, LINEAR_KERNELS, ONEDNN, TORCH
-from tessera.onednn_linear import OneDnnLinear, pack_linears, packable_linears
+from tessera.onednn_linear import (
+    OneDnnLinear,
+    Shape,
+    linear_shape,
+    pack_linears,
+    packable_linears,
+)
 from tessera.thread_governor import CpuSample, others_cpus, sample_cpus, watched_cpus
 
 log = logging.getLogger(__name__)
@@ -63,8 +69,6 @@ QUIET_CHECK_SECONDS = 0.25  # /proc/stat counts 10 ms ticks: ~0.04 CPU of error 
 RETRY_PAUSE_SECONDS = 0.5  # up to twice this, at random: decoders started together
 # At most this long waiting for a quiet host; then every linear stays on torch.
 MAX_QUIET_WAIT_SECONDS = 20.0
-
-Shape = tuple[int, int]  # (out_features, in_features)
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,7 @@ def time_shapes(model: torch.nn.Module, roots: list[torch.nn.Module]) -> list[Sh
     """`time_kernels` for each weight shape among the linears `pack_linears` would pack."""
     by_shape: dict[Shape, list[torch.nn.Linear]] = {}
     for _, _, linear in packable_linears(model, roots):
-        group = by_shape.setdefault((linear.out_features, linear.in_features), [])
+        group = by_shape.setdefault(linear_shape(linear), [])
         if all(linear is not other for other in group):  # a linear held twice counts once
             group.append(linear)
     return [time_kernels(group) for group in by_shape.values()]
@@ -210,7 +214,7 @@ def time_kernels(
         torch_seconds.append(min(on_torch))
         onednn_seconds.append(min(on_onednn))
     return ShapeTiming(
-        (weight.shape[0], weight.shape[1]),
+        linear_shape(timed[0]),
         len(linears),
         tuple(row_counts),
         tuple(torch_seconds),

@@ -54,20 +54,28 @@ def onednn_applies(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
+Shape = tuple[int, int]  # (out_features, in_features)
+
+
+def linear_shape(linear: torch.nn.Linear) -> Shape:
+    """The key `pack_linears(shapes=...)` selects by, and `tessera.linear_choice` times by."""
+    return (linear.out_features, linear.in_features)
+
+
 def pack_linears(
     model: torch.nn.Module,
     roots: list[torch.nn.Module],
-    shapes: Collection[tuple[int, int]] | None = None,
+    shapes: Collection[Shape] | None = None,
 ) -> int:
     """Replaces the linears of `packable_linears(model, roots)` by `OneDnnLinear`s (only
-    those whose `(out_features, in_features)` is in `shapes`, when given) and returns how
+    those whose `linear_shape` is in `shapes`, when given) and returns how
     many it replaced.
 
     Call on a model already on its device, in eval mode: a packed weight cannot move.
     """
     packed: dict[int, OneDnnLinear] = {}  # one packed copy of a linear held twice
     for parent, name, linear in packable_linears(model, roots):
-        if shapes is not None and (linear.out_features, linear.in_features) not in shapes:
+        if shapes is not None and linear_shape(linear) not in shapes:
             continue
         if id(linear) not in packed:
             packed[id(linear)] = OneDnnLinear(linear)
