@@ -74,6 +74,7 @@ class Engine:
         embeddings: EmbeddingClient,
         max_model_len: int,
         threads: ThreadGovernor | None = None,
+        stream_interval: int = 1,
     ):
         self.family = family
         self.scheduler = scheduler
@@ -83,6 +84,10 @@ class Engine:
         self.max_model_len = max_model_len
         self.counters = EngineCounters()
         self.threads = threads  # sizes the compute thread's torch pool before each forward
+        if stream_interval < 1:
+            raise ValueError(f"the stream interval must be >= 1 token, got {stream_interval}")
+        # Tokens per message after the first (--stream-interval): fewer, larger messages.
+        self.stream_interval = stream_interval
         self.grammars = GrammarCompiler.for_family(family)
         # Forwards and sampling: every torch op of the decoder runs on this one thread.
         self._compute = compute_thread()
@@ -106,9 +111,14 @@ class Engine:
                 yield event
 
     async def stream(self, spec: DecodeSpec) -> AsyncIterator[list[Event]]:
-        """`generate` in batches: every event that is ready when the caller asks, so a
-        caller slower than the steps (a client reading slowly) sends one message for
-        several tokens instead of falling further behind."""
+        """`generate` in batches. The first token goes out alone, as soon as it is drawn;
+        each later batch holds at least `stream_interval` tokens, or fewer ending with
+        `Finished` or an error, plus every event already queued when the caller asks, so
+        a caller slower than the steps (a client reading slowly) sends one message for
+        several tokens instead of falling further behind.
+
+        With --stream-interval 4, a request of 10 tokens streams [1], [2..5], [6..9],
+        [10, Finished]: 4 messages instead of 11."""
         if spec.request_id in self._requests:
             raise ValueError(f"request id {spec.request_id} is already running")
         generator = torch.Generator(device=self.family.device)
@@ -125,10 +135,11 @@ class Engine:
         self.scheduler.add(request)
         self._wakeup.set()
         try:
+            num_sent_tokens = 0
             while True:
-                events = [await request.events.get()]
-                while not request.events.empty() and not _ends(events[-1]):
-                    events.append(request.events.get_nowait())
+                min_tokens = self.stream_interval if num_sent_tokens else 1
+                events = await _next_events(request.events, min_tokens)
+                num_sent_tokens += sum(isinstance(e, SampledToken) for e in events)
                 if isinstance(events[-1], BaseException):
                     if events[:-1]:  # the tokens before the error still go out
                         yield events[:-1]
@@ -426,3 +437,16 @@ class Engine:
 
 def _ends(event: Event) -> bool:
     return isinstance(event, (Finished, BaseException))
+
+
+async def _next_events(events: asyncio.Queue, min_tokens: int) -> list[Event]:
+    """The next events of a request: until `min_tokens` tokens or an end (`Finished`, an
+    error), then every event already queued up to the next end."""
+    batch: list[Event] = []
+    num_tokens = 0
+    while not batch or not _ends(batch[-1]):
+        if num_tokens >= min_tokens and events.empty():
+            break
+        batch.append(await events.get())
+        num_tokens += isinstance(batch[-1], SampledToken)
+    return batch

@@ -135,6 +135,7 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         embeddings,
         max_model_len,
         threads,
+        config.stream_interval,
     )
 
 

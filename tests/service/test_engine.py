@@ -38,7 +38,8 @@ SMALL_KV_BYTES = 12 * 8192
 
 @pytest.fixture(scope="module")
 def small(demo_model_dir, cluster):
-    """A decoder with a small KV cache and a small step budget, behind its own gateway."""
+    """A decoder with a small KV cache and a small step budget, streaming 4 tokens a
+    message after the first, behind its own gateway."""
     own = Cluster()
     model = ["--model", str(demo_model_dir)]
     try:
@@ -55,6 +56,8 @@ def small(demo_model_dir, cluster):
                 "24",
                 "--max-chunk-tokens",
                 "16",
+                "--stream-interval",
+                "4",
                 "--encoders",
                 cluster.address("encoder"),
             ],
@@ -259,6 +262,24 @@ def test_cancelled_request_frees_its_blocks(small):
     assert stats.num_aborted > start.num_aborted
 
 
+def test_a_stream_interval_reaches_the_client_through_the_gateway(small, reference):
+    """The decoder's --stream-interval 4 batches are the client's deltas: the first
+    token alone, then 4 a message; the answer is still generate()'s."""
+    prompt = IMAGE_PROMPTS[0]
+    with Client(small.address("gateway")) as client:
+        deltas = [
+            list(response.delta.token_ids)
+            for response in client.stream([Message(r, p) for r, p in prompt], greedy())
+            if response.HasField("delta") and response.delta.token_ids
+        ]
+    expected = reference.generate(prompt, MAX_NEW_TOKENS)
+    assert_greedy_match([t for delta in deltas for t in delta], expected)
+    num_tokens = len(expected.token_ids)
+    assert num_tokens > 5, "enough tokens for a full batch of 4 after the first"
+    middle, rest = divmod(num_tokens - 1, 4)
+    assert [len(d) for d in deltas] == [1, *[4] * middle, *([rest] if rest else [])]
+
+
 def test_request_larger_than_the_whole_kv_cache_is_refused(small):
     request = decoder_pb2.DecodeRequest(
         request_id="too-big",
@@ -342,6 +363,35 @@ def test_tokens_ready_together_go_out_together(demo_model_dir):
     assert len(tokens) == 6 and len(batches[1]) == 6  # five tokens and the end
     assert isinstance(batches[1][-1], Finished)
     one_at_a_time = in_process_engine(family, ["--model", str(demo_model_dir)])
+    spec = DecodeSpec("again", tuple(prompt), (), sampling, max_chunk_tokens=64)
+    assert asyncio.run(run_all(one_at_a_time, [spec])) == [tokens]
+
+
+@pytest.mark.parametrize("interval", [4, 3])
+def test_a_stream_interval_sends_the_first_token_alone_then_that_many_a_message(
+    demo_model_dir, interval
+):
+    """--stream-interval N: a reader that keeps up gets the first token at once, then N
+    tokens a message, the rest with the end; the same tokens as one at a time."""
+    family, builder = decoder_family(demo_model_dir)
+    flags = ["--model", str(demo_model_dir)]
+    engine = in_process_engine(family, [*flags, "--stream-interval", str(interval)])
+    prompt = builder.build(to_chat_inputs(TEXT_PROMPTS[1])).token_ids
+    sampling = SamplingOptions(max_tokens=10, ignore_eos=True)
+
+    async def reader() -> list[list]:
+        engine.start()
+        spec = DecodeSpec("interval", tuple(prompt), (), sampling, max_chunk_tokens=64)
+        return [batch async for batch in engine.stream(spec)]
+
+    batches = asyncio.run(reader())
+    sizes = [sum(isinstance(e, SampledToken) for e in batch) for batch in batches]
+    middle, rest = divmod(10 - 1, interval)
+    assert sizes == [1, *[interval] * middle, *([rest] if rest else [])], sizes
+    assert isinstance(batches[-1][-1], Finished)
+    assert all(not isinstance(e, Finished) for batch in batches[:-1] for e in batch)
+    tokens = [e.token_id for batch in batches for e in batch if isinstance(e, SampledToken)]
+    one_at_a_time = in_process_engine(family, flags)
     spec = DecodeSpec("again", tuple(prompt), (), sampling, max_chunk_tokens=64)
     assert asyncio.run(run_all(one_at_a_time, [spec])) == [tokens]
 

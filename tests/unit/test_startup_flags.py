@@ -154,6 +154,17 @@ def test_the_prefill_token_budget_defaults_to_one_chunk_and_refuses_negatives():
             config(flag, "-1")
 
 
+def test_the_stream_interval_defaults_to_every_token_and_refuses_less_than_one():
+    def config(*flags: str) -> DecoderConfig:
+        args = decoder_parser().parse_args(["--model", "m", "--encoders", "e:1", *flags])
+        return DecoderConfig.from_args(args)
+
+    assert config().stream_interval == 1
+    assert config("--stream-interval", "4").stream_interval == 4
+    with pytest.raises(SystemExit, match="--stream-interval must be >= 1 token, got 0"):
+        config("--stream-interval", "0")
+
+
 def test_ports_and_log_levels():
     assert port_number("0") == 0 and port_number("65535") == 65535
     for bad in ("65536", "-1", "http"):
