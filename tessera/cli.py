@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from tessera import __version__
@@ -316,6 +318,21 @@ def needs_services(argv: list[str]) -> bool:
     return command in SERVICE_COMMANDS
 
 
+def quiet_when_the_reader_leaves(
+    command: Callable[[argparse.Namespace], None], args: argparse.Namespace
+) -> None:
+    """Runs a command that prints; when the reader of its output goes away (`tessera
+    generate ... | head`), it stops with status 1 and no traceback, as Python's docs
+    advise for SIGPIPE. Leaving the command closes its client, which cancels the
+    request on the gateway and the decoder."""
+    try:
+        command(args)
+    except BrokenPipeError:
+        # The interpreter flushes stdout again at exit; point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(with_services=needs_services(argv))
@@ -338,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "serve":
         return cmd_serve(args, extra)
     elif args.command == "generate":
-        return cmd_generate(args)
+        return quiet_when_the_reader_leaves(cmd_generate, args)
     else:
         return cmd_make_demo_model(args)
     try:

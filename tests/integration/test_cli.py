@@ -66,6 +66,25 @@ def test_generate_reports_errors_without_a_traceback(cluster, tmp_path):
     assert "INVALID_ARGUMENT" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_generate_stops_quietly_when_its_reader_has_gone(cluster):
+    """`tessera generate ... | head`: the reader closed before the first token was
+    printed; no traceback, status 1."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [*TESSERA, "generate", "--server", cluster.address("gateway"), "hi"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
+
+
 def test_serve_then_generate_on_a_fresh_home(tmp_path):
     """What the README promises: serve makes the demo model, prints where to connect,
     answers `tessera generate --image`, and stops everything on SIGTERM."""
