@@ -105,9 +105,10 @@ def watched_cpus(
     return frozenset(cpus)
 
 
-def threads_for(num_cpus: int, others_cpus: float, max_threads: int) -> int:
-    """One thread per CPU the others leave, rounded half up, within `[1, max_threads]`."""
-    return max(1, min(max_threads, math.floor(num_cpus - others_cpus + 0.5)))
+def threads_for(num_cpus: int, num_others_busy: float, max_threads: int) -> int:
+    """One thread per CPU the others leave (`num_others_busy`: CPUs they kept busy, from
+    `others_cpus`), rounded half up, within `[1, max_threads]`."""
+    return max(1, min(max_threads, math.floor(num_cpus - num_others_busy + 0.5)))
 
 
 class ThreadGovernor:
