@@ -250,11 +250,22 @@ class Engine:
         wakeup = asyncio.ensure_future(self._wakeup.wait())
         started = time.monotonic()
         try:
-            await asyncio.wait([*pending, wakeup], return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([*pending, wakeup], return_when=asyncio.FIRST_COMPLETED)
         finally:
             wakeup.cancel()
         if pending:
             self.counters.fetch_wait_seconds += time.monotonic() - started
+        # While this engine waited, the host's busy CPUs were (on a shared host) its
+        # encoder computing these rows, now done: no guide to the forwards that use
+        # them. With an item still encoding the governor's window stands (a restart then
+        # cost a busy cell 8-14%, docs/benchmarks.md).
+        landed = not done.isdisjoint(pending)
+        if (
+            self.threads is not None
+            and landed
+            and self.prefetcher.items_all_arrived(self.scheduler.running)
+        ):
+            self.threads.restart()
 
     def _gather(self, chunk: ScheduledChunk) -> WorkInput:
         request = self._requests[chunk.request_id]

@@ -23,6 +23,7 @@ class Prefetcher:
         self.row_bytes = row_bytes
         self.num_pending_bytes = 0
         self._chunk_bytes: dict[asyncio.Task, int] = {}
+        self._chunk_items: dict[asyncio.Task, frozenset[str]] = {}  # content hashes
 
     def plan(self, request: RequestState) -> None:
         """Starts fetches for the request's chunks ahead, while the bound allows."""
@@ -41,6 +42,7 @@ class Prefetcher:
                 )
                 request.fetches[chunk] = task
                 self._chunk_bytes[task] = num_bytes
+                self._chunk_items[task] = frozenset(s.content_hash for s in slices)
                 self.num_pending_bytes += num_bytes
             first = False
             position = chunk[1]
@@ -90,5 +92,19 @@ class Prefetcher:
     def pending_tasks(self, requests: list[RequestState]) -> list[asyncio.Task]:
         return [t for r in requests for t in r.fetches.values() if not t.done()]
 
+    def items_all_arrived(self, requests: list[RequestState]) -> bool:
+        """Whether every item that a fetch of `requests` still waits for has already
+        arrived in another of their fetches, so no encoder is still computing one for
+        them: what is left is transfer. An image split over three chunks is three
+        fetches, which land a few milliseconds apart once its encode is done."""
+        fetches = [task for request in requests for task in request.fetches.values()]
+        arrived = set().union(*(self._chunk_items.get(t, ()) for t in fetches if t.done()))
+        return all(
+            self._chunk_items.get(task, frozenset()) <= arrived
+            for task in fetches
+            if not task.done()
+        )
+
     def _release(self, task: asyncio.Task) -> None:
         self.num_pending_bytes -= self._chunk_bytes.pop(task, 0)
+        self._chunk_items.pop(task, None)

@@ -24,6 +24,11 @@ for) gives the threads back to them as before:
     idle 1 s while the others used 1.9 CPUs, restart, first forward 20 ms later -> 2 threads
     restart, the encoder computes for 80 ms, then the first forward             -> 1 thread
 
+The decoder restarts it again when the rows it waited for have arrived and no item it
+waits for is still being encoded (`decoder_service.engine`): the encoder's 80 ms above
+were spent on those rows, and without the restart the prefill that uses them ran on one
+thread until the window ended.
+
 It reads /proc/stat over the CPUs of the process's affinity mask, so it runs only where
 those CPUs are all the process may use (a host, or a container pinned to CPUs); under a
 cgroup quota tighter than the mask the other tenants' time says nothing about ours, and
