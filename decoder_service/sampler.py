@@ -58,11 +58,21 @@ def needs_counts(options: SamplingOptions) -> bool:
 
 
 def sample_batch(logits: torch.Tensor, rows: Sequence[SamplerRow]) -> list[SampledToken]:
-    """`logits` is `[len(rows), vocab]`; returns one token per row, in order."""
+    """`logits` is `[len(rows), vocab]`; returns one token per row, in order. The greedy
+    rows' argmax and every row's log-probability are one op each over the batch, read
+    back once (per-row ops cost ~35 us a row: 1.1 ms a step of 16 rows against 0.5)."""
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1)
     processed = process(logits.clone(), rows)
-    return [_token(processed[i], logprobs[i], row) for i, row in enumerate(rows)]
+    token_ids = _draw(processed, rows)
+    chosen = torch.tensor(token_ids, device=logprobs.device).unsqueeze(1)
+    token_logprobs = logprobs.gather(1, chosen).squeeze(1).tolist()
+    return [
+        SampledToken(token_id, logprob, _top_logprobs(logprobs[i], row))
+        for i, (token_id, logprob, row) in enumerate(
+            zip(token_ids, token_logprobs, rows, strict=True)
+        )
+    ]
 
 
 def sample(
@@ -206,14 +216,19 @@ def apply_allowed_tokens(logits: torch.Tensor, rows: Sequence[SamplerRow]) -> No
             logits[i].masked_fill_(~row.allowed_tokens_mask, NEG_INF)
 
 
-def _token(processed: torch.Tensor, logprobs: torch.Tensor, row: SamplerRow) -> SampledToken:
-    if row.options.is_greedy:
-        token_id = int(torch.argmax(processed))
-    else:
-        probs = torch.softmax(processed, dim=-1)
-        token_id = int(torch.multinomial(probs, 1, generator=row.generator))
-    top: tuple[TopLogprob, ...] = ()
-    if row.options.num_top_logprobs:
-        values, ids = torch.topk(logprobs, row.options.num_top_logprobs)
-        top = tuple(TopLogprob(int(i), float(v)) for v, i in zip(values, ids, strict=True))
-    return SampledToken(token_id, float(logprobs[token_id]), top)
+def _draw(processed: torch.Tensor, rows: Sequence[SamplerRow]) -> list[int]:
+    """Each row's token: the argmax (the first of equal maxima, as `generate()`), or a
+    draw from the row's own generator where it samples."""
+    token_ids = processed.argmax(dim=-1).tolist()
+    for i, row in enumerate(rows):
+        if not row.options.is_greedy:
+            probs = torch.softmax(processed[i], dim=-1)
+            token_ids[i] = int(torch.multinomial(probs, 1, generator=row.generator))
+    return token_ids
+
+
+def _top_logprobs(logprobs: torch.Tensor, row: SamplerRow) -> tuple[TopLogprob, ...]:
+    if not row.options.num_top_logprobs:
+        return ()
+    values, ids = torch.topk(logprobs, row.options.num_top_logprobs)
+    return tuple(TopLogprob(int(i), float(v)) for v, i in zip(values, ids, strict=True))
