@@ -188,7 +188,13 @@ class Engine:
         for request in self.scheduler.running:
             self.prefetcher.plan(request)
         if not output.chunks:
-            await self._wait_for_rows()
+            if output.preempted:
+                # The step's only work was preempted (a preemption also holds back the
+                # step's admissions and prefills): the freed blocks let the next step
+                # run. Waiting for rows here waited for ever when none were in flight.
+                await asyncio.sleep(0)
+            else:
+                await self._wait_for_rows()
             return
         inputs = [self._gather(chunk) for chunk in output.chunks]
         result = await self._compute.run(self._forward_and_sample, inputs)

@@ -195,6 +195,37 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
     assert not engine.scheduler.running and not engine.scheduler.waiting
 
 
+def test_a_step_whose_only_work_is_preempted_does_not_stall_the_engine(demo_model_dir):
+    """A cache of 3 blocks of 16: P (40 prompt tokens) prefills 16 a step while D (14)
+    decodes. D's 17th token needs a block when none is free; D, last in running order,
+    preempts itself, and a preemption holds the step's prefills back, so the step has no
+    work and no rows in flight. The engine used to wait there for rows for ever (seen as
+    a rare hang of the mixed-batch test above, where an image's rows had landed). Both
+    answers must equal those of an engine with room for both."""
+    family, _ = decoder_family(demo_model_dir)
+    shape = family.kv_shape()
+    block_bytes = PagedKVStore.bytes_per_block(
+        shape.num_layers, 16, shape.num_kv_heads, shape.head_dim, family.dtype
+    )
+    flags = ["--model", str(demo_model_dir), "--max-num-seqs", "2"]
+    flags += ["--max-num-batched-tokens", "17", "--max-chunk-tokens", "16"]
+    sampling = SamplingOptions(max_tokens=4, ignore_eos=True)
+
+    def specs(tag: str) -> list[DecodeSpec]:
+        return [
+            DecodeSpec(f"{tag}-P", tuple(range(100, 140)), (), sampling, max_chunk_tokens=16),
+            DecodeSpec(f"{tag}-D", tuple(range(200, 214)), (), sampling, max_chunk_tokens=16),
+        ]
+
+    tight = in_process_engine(family, [*flags, "--kv-cache-bytes", str(3 * block_bytes)])
+    assert tight.scheduler.kv.num_blocks == 3
+    tokens = asyncio.run(run_all(tight, specs("tight")))
+    assert tight.scheduler.num_preemptions == 1
+    roomy = in_process_engine(family, flags)
+    assert asyncio.run(run_all(roomy, specs("roomy"))) == tokens
+    assert roomy.scheduler.num_preemptions == 0
+
+
 def test_prefix_cache_reuses_blocks_and_fetches_no_rows_for_them(cluster, reference):
     image = noise_image(601, 48, 48)
     first_turn = [("system", ["You describe pictures."]), ("user", [image, "What is in it?"])]
