@@ -84,9 +84,7 @@ class Engine:
         self.max_model_len = max_model_len
         self.counters = EngineCounters()
         self.threads = threads  # sizes the compute thread's torch pool before each forward
-        if stream_interval < 1:
-            raise ValueError(f"the stream interval must be >= 1 token, got {stream_interval}")
-        # Tokens per message after the first (--stream-interval): fewer, larger messages.
+        # Tokens per message after the first (--stream-interval, >= 1): fewer, larger ones.
         self.stream_interval = stream_interval
         self.grammars = GrammarCompiler.for_family(family)
         # Forwards and sampling: every torch op of the decoder runs on this one thread.
@@ -135,11 +133,10 @@ class Engine:
         self.scheduler.add(request)
         self._wakeup.set()
         try:
-            num_sent_tokens = 0
+            min_tokens = 1  # the first token alone, as soon as it is drawn
             while True:
-                min_tokens = self.stream_interval if num_sent_tokens else 1
                 events = await _next_events(request.events, min_tokens)
-                num_sent_tokens += sum(isinstance(e, SampledToken) for e in events)
+                min_tokens = self.stream_interval
                 if isinstance(events[-1], BaseException):
                     if events[:-1]:  # the tokens before the error still go out
                         yield events[:-1]

@@ -10,10 +10,17 @@ cannot deadlock. Rows are dropped as soon as the chunk's forward has been built.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from decoder_service.embedding_client import EmbeddingClient, FetchedRows
 from decoder_service.request import RequestState
 from tessera.placeholders import slices_for_chunk
+
+
+@dataclass(frozen=True)
+class _PlannedFetch:
+    num_bytes: int  # counted against max_bytes until the rows are taken or dropped
+    content_hashes: frozenset[str]  # the items whose rows it fetches
 
 
 class Prefetcher:
@@ -22,8 +29,7 @@ class Prefetcher:
         self.max_bytes = max_bytes
         self.row_bytes = row_bytes
         self.num_pending_bytes = 0
-        self._chunk_bytes: dict[asyncio.Task, int] = {}
-        self._chunk_items: dict[asyncio.Task, frozenset[str]] = {}  # content hashes
+        self._planned: dict[asyncio.Task, _PlannedFetch] = {}
 
     def plan(self, request: RequestState) -> None:
         """Starts fetches for the request's chunks ahead, while the bound allows."""
@@ -41,8 +47,8 @@ class Prefetcher:
                     self.embeddings.fetch_chunk(request.request_id, request.spec.items, slices)
                 )
                 request.fetches[chunk] = task
-                self._chunk_bytes[task] = num_bytes
-                self._chunk_items[task] = frozenset(s.content_hash for s in slices)
+                hashes = frozenset(s.content_hash for s in slices)
+                self._planned[task] = _PlannedFetch(num_bytes, hashes)
                 self.num_pending_bytes += num_bytes
             first = False
             position = chunk[1]
@@ -98,13 +104,14 @@ class Prefetcher:
         them: what is left is transfer. An image split over three chunks is three
         fetches, which land a few milliseconds apart once its encode is done."""
         fetches = [task for request in requests for task in request.fetches.values()]
-        arrived = set().union(*(self._chunk_items.get(t, ()) for t in fetches if t.done()))
-        return all(
-            self._chunk_items.get(task, frozenset()) <= arrived
-            for task in fetches
-            if not task.done()
-        )
+        arrived = set().union(*(self._items(task) for task in fetches if task.done()))
+        return all(self._items(task) <= arrived for task in fetches if not task.done())
+
+    def _items(self, task: asyncio.Task) -> frozenset[str]:
+        planned = self._planned.get(task)
+        return planned.content_hashes if planned else frozenset()
 
     def _release(self, task: asyncio.Task) -> None:
-        self.num_pending_bytes -= self._chunk_bytes.pop(task, 0)
-        self._chunk_items.pop(task, None)
+        planned = self._planned.pop(task, None)
+        if planned is not None:
+            self.num_pending_bytes -= planned.num_bytes
