@@ -56,6 +56,7 @@ class EngineCounters:
     fetch_wait_seconds: float = 0.0  # no work could run: every pending chunk awaited rows
     num_finished: int = 0
     num_aborted: int = 0
+    num_stalls: int = 0  # steps that could neither run nor wait (a bug: `_end_stall`)
 
 
 @dataclass(frozen=True)
@@ -190,8 +191,10 @@ class Engine:
                 # step's admissions and prefills): the freed blocks let the next step
                 # run. Waiting for rows here waited for ever when none were in flight.
                 await asyncio.sleep(0)
-            else:
+            elif self.prefetcher.pending_tasks(self.scheduler.running):
                 await self._wait_for_rows()
+            else:
+                self._end_stall()
             return
         inputs = [self._gather(chunk) for chunk in output.chunks]
         result = await self._compute.run(self._forward_and_sample, inputs)
@@ -245,6 +248,30 @@ class Engine:
             error = self.prefetcher.refresh(request, now)
             if error is not None:
                 self._fail(request, error)
+
+    def _end_stall(self) -> None:
+        """Requests wait, yet the step has no chunk, preempted none and waits for no
+        rows: nothing the engine awaits can change that, and waiting for the next
+        request hung them until their deadlines (the preemption fixed in 5c37232 was
+        such a case). A bug, in the scheduler or the prefetcher: the requests it holds
+        fail with an error that says so (the running ones, whose blocks the waiting ones
+        may need; else the waiting ones), and the engine keeps serving."""
+        scheduler = self.scheduler
+        stalled = list(scheduler.running) or list(scheduler.waiting)
+        log.error(
+            "engine stalled (a bug): %d running, %d waiting, no chunk and no rows in "
+            "flight; failing %s",
+            len(scheduler.running),
+            len(scheduler.waiting),
+            ", ".join(request.request_id for request in stalled),
+        )
+        self.counters.num_stalls += 1
+        error = RequestFailedError(
+            "the decoder's scheduler could not advance this request (an internal error, "
+            "logged); send it again"
+        )
+        for request in stalled:
+            self._fail(request, error)
 
     async def _wait_for_rows(self) -> None:
         """Nothing can run: sleep until a fetch lands or a request arrives."""

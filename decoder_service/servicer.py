@@ -198,3 +198,9 @@ def metric_readings(engine: Engine):
         "counter",
         engine.embeddings.num_bytes_received,
     )
+    yield (
+        "tessera_decoder_engine_stalls_total",
+        "Steps that could neither run nor wait for rows; their requests failed (a bug)",
+        "counter",
+        engine.counters.num_stalls,
+    )

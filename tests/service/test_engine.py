@@ -226,6 +226,45 @@ def test_a_step_whose_only_work_is_preempted_does_not_stall_the_engine(demo_mode
     assert roomy.scheduler.num_preemptions == 0
 
 
+def test_a_step_that_can_neither_run_nor_wait_fails_its_requests_not_the_engine(
+    demo_model_dir,
+):
+    """A scheduler bug is injected: its first step schedules nothing, though two requests
+    wait. With no rows in flight nothing could change that, and the engine waited for the
+    next request (the hang 5c37232 fixed was one such state): now the two requests fail
+    with an error that says what happened, the stall is counted, and a later request is
+    served as an engine without the fault serves it."""
+    family, builder = decoder_family(demo_model_dir)
+    flags = ["--model", str(demo_model_dir)]
+    sampling = SamplingOptions(max_tokens=4, ignore_eos=True)
+    prompts = [builder.build(to_chat_inputs(p)).token_ids for p in TEXT_PROMPTS]
+    stuck = [
+        DecodeSpec(f"stuck-{i}", tuple(p), (), sampling, max_chunk_tokens=64)
+        for i, p in enumerate(prompts[:2])
+    ]
+    later = DecodeSpec("later", tuple(prompts[2]), (), sampling, max_chunk_tokens=64)
+    engine = in_process_engine(family, flags)
+    schedule = engine.scheduler.schedule
+    # The fault: the step admits both requests and loses their chunks.
+    engine.scheduler.schedule = lambda: replace(schedule(), chunks=())
+
+    async def scenario() -> tuple[list, list[int]]:
+        failed = await run_all(engine, stuck, return_exceptions=True)
+        engine.scheduler.schedule = schedule
+        served = [e.token_id async for e in engine.generate(later) if isinstance(e, SampledToken)]
+        return failed, served
+
+    failed, served = asyncio.run(asyncio.wait_for(scenario(), timeout=60))
+    assert all(isinstance(error, RequestFailedError) for error in failed), failed
+    assert "could not advance" in str(failed[0])
+    assert engine.counters.num_stalls == 1
+    assert not engine.scheduler.has_work() and engine.scheduler.kv.stats().num_free_blocks == (
+        engine.scheduler.kv.num_blocks
+    )
+    clean = in_process_engine(family, flags)
+    assert served == asyncio.run(run_all(clean, [replace(later, request_id="clean")]))[0]
+
+
 def test_prefix_cache_reuses_blocks_and_fetches_no_rows_for_them(cluster, reference):
     image = noise_image(601, 48, 48)
     first_turn = [("system", ["You describe pictures."]), ("user", [image, "What is in it?"])]
