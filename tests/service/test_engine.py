@@ -229,11 +229,11 @@ def test_a_step_whose_only_work_is_preempted_does_not_stall_the_engine(demo_mode
 def test_a_step_that_can_neither_run_nor_wait_fails_its_requests_not_the_engine(
     demo_model_dir,
 ):
-    """A scheduler bug is injected: its first step schedules nothing, though two requests
-    wait. With no rows in flight nothing could change that, and the engine waited for the
-    next request (the hang 5c37232 fixed was one such state): now the two requests fail
-    with an error that says what happened, the stall is counted, and a later request is
-    served as an engine without the fault serves it."""
+    """A scheduler bug is injected: its step admits two requests and loses their chunks.
+    With no rows in flight nothing could change that, and the engine waited for the next
+    request (the hang 5c37232 fixed was one such state): now the two requests fail with
+    an error that says what happened, the stall is counted, their blocks are free, and a
+    later request is served as an engine without the fault serves it."""
     family, builder = decoder_family(demo_model_dir)
     flags = ["--model", str(demo_model_dir)]
     sampling = SamplingOptions(max_tokens=4, ignore_eos=True)
