@@ -87,6 +87,7 @@ def engine_stats_to_proto(engine: Engine) -> decoder_pb2.DecoderStats:
         num_finished=counters.num_finished,
         num_aborted=counters.num_aborted,
         num_scheduled_requests=counters.num_scheduled_requests,
+        num_stalls=counters.num_stalls,
     )
 
 
@@ -160,6 +161,12 @@ DECODER_METRICS: tuple[StatField, ...] = (
     ),
     ("tessera_decoder_finished_total", "Requests finished", "counter", "num_finished"),
     (
+        "tessera_decoder_engine_stalls_total",
+        "Steps that could neither run nor wait for rows; their requests failed (a bug)",
+        "counter",
+        "num_stalls",
+    ),
+    (
         "tessera_decoder_cancellations_total",
         "Requests aborted (cancelled, deadline, gone)",
         "counter",
@@ -197,10 +204,4 @@ def metric_readings(engine: Engine):
         "Embedding bytes received",
         "counter",
         engine.embeddings.num_bytes_received,
-    )
-    yield (
-        "tessera_decoder_engine_stalls_total",
-        "Steps that could neither run nor wait for rows; their requests failed (a bug)",
-        "counter",
-        engine.counters.num_stalls,
     )

@@ -17,6 +17,7 @@ from decoder_service.main import build_engine, encoder_replicas
 from decoder_service.main import build_parser as build_decoder_parser
 from decoder_service.paged_attention import ATTENTION_NAME, PagedKVStore
 from decoder_service.request import DecodeSpec, Finished, SampledToken, SamplingOptions
+from decoder_service.servicer import engine_stats_to_proto
 from decoder_service.spec import spec_from_proto
 from gateway.prompt import PromptBuilder
 from tessera.adapters import LoadOptions, ModelPart, load_family
@@ -258,6 +259,7 @@ def test_a_step_that_can_neither_run_nor_wait_fails_its_requests_not_the_engine(
     assert all(isinstance(error, RequestFailedError) for error in failed), failed
     assert "could not advance" in str(failed[0])
     assert engine.counters.num_stalls == 1
+    assert engine_stats_to_proto(engine).num_stalls == 1  # GetStats and /metrics
     assert not engine.scheduler.has_work() and engine.scheduler.kv.stats().num_free_blocks == (
         engine.scheduler.kv.num_blocks
     )
