@@ -263,7 +263,7 @@ class Engine:
             "flight; failing %s",
             len(scheduler.running),
             len(scheduler.waiting),
-            ", ".join(request.request_id for request in stalled),
+            "; ".join(map(_stall_state, stalled)),
         )
         self.counters.num_stalls += 1
         error = RequestFailedError(
@@ -478,6 +478,24 @@ class Engine:
 
 def _ends(event: Event) -> bool:
     return isinstance(event, (Finished, BaseException))
+
+
+def _stall_state(request: RequestState) -> str:
+    """What the stall log says of one request, to find the bug behind it, e.g.
+    "r1 (computed 16 of 40, next chunk [16, 32) needs rows, fetched [[0, 16), [16, 32)])"."""
+    chunk = request.next_chunk()
+    needs = chunk is not None and request.chunk_needs_rows(*chunk)
+    fetched = sorted(chunk for chunk, task in request.fetches.items() if task.done())
+    return (
+        f"{request.request_id} (computed {request.num_computed_tokens} of "
+        f"{request.num_tokens}, next chunk {_half_open(chunk) if chunk else None}"
+        f"{' needs rows' if needs else ''}, fetched "
+        f"[{', '.join(map(_half_open, fetched))}])"
+    )
+
+
+def _half_open(chunk: tuple[int, int]) -> str:
+    return f"[{chunk[0]}, {chunk[1]})"
 
 
 async def _next_events(events: asyncio.Queue, min_tokens: int) -> list[Event]:

@@ -228,7 +228,7 @@ def test_a_step_whose_only_work_is_preempted_does_not_stall_the_engine(demo_mode
 
 
 def test_a_step_that_can_neither_run_nor_wait_fails_its_requests_not_the_engine(
-    demo_model_dir,
+    demo_model_dir, caplog
 ):
     """A scheduler bug is injected: its step admits two requests and loses their chunks.
     With no rows in flight nothing could change that, and the engine waited for the next
@@ -260,6 +260,11 @@ def test_a_step_that_can_neither_run_nor_wait_fails_its_requests_not_the_engine(
     assert "could not advance" in str(failed[0])
     assert engine.counters.num_stalls == 1
     assert engine_stats_to_proto(engine).num_stalls == 1  # GetStats and /metrics
+    # The log names each request's state, to find the bug behind a stall.
+    lengths = [len(spec.prompt_token_ids) for spec in stuck]
+    for spec, length in zip(stuck, lengths, strict=True):
+        expected = f"{spec.request_id} (computed 0 of {length}, next chunk [0, {length}),"
+        assert expected in caplog.text
     assert not engine.scheduler.has_work() and engine.scheduler.kv.stats().num_free_blocks == (
         engine.scheduler.kv.num_blocks
     )
