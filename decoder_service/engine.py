@@ -191,8 +191,8 @@ class Engine:
                 # step's admissions and prefills): the freed blocks let the next step
                 # run. Waiting for rows here waited for ever when none were in flight.
                 await asyncio.sleep(0)
-            elif self.prefetcher.pending_tasks(self.scheduler.running):
-                await self._wait_for_rows()
+            elif pending := self.prefetcher.pending_tasks(self.scheduler.running):
+                await self._wait_for_rows(pending)
             else:
                 self._end_stall()
             return
@@ -273,9 +273,9 @@ class Engine:
         for request in stalled:
             self._fail(request, error)
 
-    async def _wait_for_rows(self) -> None:
-        """Nothing can run: sleep until a fetch lands or a request arrives."""
-        pending = self.prefetcher.pending_tasks(self.scheduler.running)
+    async def _wait_for_rows(self, pending: list[asyncio.Task]) -> None:
+        """Nothing can run: sleep until one of the `pending` fetches lands or a request
+        arrives."""
         self._wakeup.clear()
         wakeup = asyncio.ensure_future(self._wakeup.wait())
         started = time.monotonic()
@@ -283,8 +283,7 @@ class Engine:
             done, _ = await asyncio.wait([*pending, wakeup], return_when=asyncio.FIRST_COMPLETED)
         finally:
             wakeup.cancel()
-        if pending:
-            self.counters.fetch_wait_seconds += time.monotonic() - started
+        self.counters.fetch_wait_seconds += time.monotonic() - started
         # While this engine waited, the host's busy CPUs were (on a shared host) its
         # encoder computing these rows, now done: no guide to the forwards that use
         # them. With an item still encoding the governor's window stands (a restart then
