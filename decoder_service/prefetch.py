@@ -64,6 +64,7 @@ class Prefetcher:
                 if task.exception() is not None:
                     return task.exception()
                 request.ready_chunks.add(chunk)
+                request.items_arrived |= self._items(task)
         chunk = request.next_chunk()
         blocked = (
             chunk is not None
@@ -102,9 +103,11 @@ class Prefetcher:
         """Whether every item that a fetch of `requests` still waits for has already
         arrived in another of their fetches, so no encoder is still computing one for
         them: what is left is transfer. An image split over three chunks is three
-        fetches, which land a few milliseconds apart once its encode is done."""
+        fetches, which land a few milliseconds apart once its encode is done (the rows
+        of fetches a forward took count too: `items_arrived`)."""
         fetches = [task for request in requests for task in request.fetches.values()]
         arrived = set().union(*(self._items(task) for task in fetches if task.done()))
+        arrived = arrived.union(*(request.items_arrived for request in requests))
         return all(self._items(task) <= arrived for task in fetches if not task.done())
 
     def _items(self, task: asyncio.Task) -> frozenset[str]:

@@ -142,6 +142,9 @@ class RequestState:
     # (start, end) of a prefill chunk -> task fetching its rows (owned by the Prefetcher)
     fetches: dict[tuple[int, int], asyncio.Task[Any]] = field(default_factory=dict)
     blocked_since: float | None = None
+    # Content hashes of items some fetch of this request has had rows of: no encoder is
+    # computing them for it any more (set by the Prefetcher).
+    items_arrived: set[str] = field(default_factory=set)
     leases_released: bool = False
     finished: bool = False
     # Penalty counts (decoder_service.sampler.TokenCounts), made on the first sample.

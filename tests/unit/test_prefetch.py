@@ -109,3 +109,20 @@ def test_taken_rows_leave_no_trace():
         return prefetcher.items_all_arrived([request]), prefetcher.num_pending_bytes
 
     assert asyncio.run(scenario()) == (True, 0)
+
+
+def test_an_item_whose_rows_a_forward_took_is_not_encoding_while_its_next_chunks_transfer():
+    """The fetch of rows 0-12 landed and its forward took them; the fetches of the item's
+    later chunks still transfer. No encoder computes the item: the engine does not keep
+    its thread governor's window for it."""
+
+    async def scenario() -> bool:
+        request = request_with([(HASH_A, 4, 40)], chunk=16)  # chunks 0-16, 16-32, 32-48
+        prefetcher, fetches = await planned([request])
+        await release(fetches, HASH_A, 0)
+        assert prefetcher.refresh(request, 0.0) is None  # the step sees chunk 0-16 ready
+        prefetcher.take(request, 0, 16)
+        assert len(request.fetches) == 2 and not any(t.done() for t in request.fetches.values())
+        return prefetcher.items_all_arrived([request])
+
+    assert asyncio.run(scenario())
