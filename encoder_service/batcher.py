@@ -4,7 +4,9 @@ Items submitted while the model is busy, or within `max_wait_ms` of the first on
 together in a single forward of at most `max_batch_items` and `max_batch_cost` (an
 image's cost is its pixels: decoding and resizing take time in proportion to them).
 Waiting only applies when a batch is not already full; with one request at a time the
-added latency is at most `max_wait_ms`.
+added latency is at most `max_wait_ms`. `hurry` ends the wait of the batch gathering (or
+of the next one, if none is): a decoder idles until an item of it is done
+(encoder_service.expedite).
 
 Each caller (an Encode call's lease owner: one request) has its own queue, and a batch
 takes items from the caller with the least work queued first (cost, then items, then who
@@ -84,6 +86,8 @@ class Batcher(Generic[Item, Result]):
         cost: Callable[[Item], int] = lambda item: 0,
         max_batch_cost: int = 0,
         max_passed_over: int = DEFAULT_MAX_PASSED_OVER,
+        on_batch_start: Callable[[Sequence[Item]], None] = lambda items: None,
+        on_batch_end: Callable[[Sequence[Item]], None] = lambda items: None,
     ):
         self._run_batch = run_batch
         self.max_batch_items = max_batch_items
@@ -97,11 +101,20 @@ class Batcher(Generic[Item, Result]):
         self._num_queued = 0
         self._queued_cost = 0
         self._arrived = asyncio.Event()
+        self._hurried = False
         self._task: asyncio.Task[None] | None = None
+        # Called on the event loop around each batch's run (encoder_service.expedite).
+        self._on_batch_start = on_batch_start
+        self._on_batch_end = on_batch_end
 
     @property
     def queue_depth(self) -> int:
         return self._num_queued
+
+    def hurry(self) -> None:
+        """The batch gathering now (else the next one) runs without waiting to fill."""
+        self._hurried = True
+        self._arrived.set()
 
     async def submit(self, item: Item, caller: Hashable) -> Result:
         if self._task is None:
@@ -127,14 +140,16 @@ class Batcher(Generic[Item, Result]):
             if not batch:
                 continue
             self.stats.record(len(batch))
+            items = [waiting.item for waiting in batch]
             started = loop.time()
+            self._on_batch_start(items)
             try:
                 # The model runs on the process's one torch thread (compute_thread).
-                outcomes = await compute_thread().run(
-                    self._run_batch, [waiting.item for waiting in batch]
-                )
+                outcomes = await compute_thread().run(self._run_batch, items)
             except Exception as error:  # the model failed: every waiter hears of it
                 outcomes = [RuntimeError(f"encoding failed: {error}")] * len(batch)
+            finally:
+                self._on_batch_end(items)
             self.stats.busy_seconds += loop.time() - started
             for waiting, outcome in zip(batch, outcomes, strict=True):
                 if waiting.future.cancelled():
@@ -151,7 +166,7 @@ class Batcher(Generic[Item, Result]):
             self._arrived.clear()
             await self._arrived.wait()
         deadline = asyncio.get_running_loop().time() + self.max_wait_seconds
-        while not self._full():
+        while not self._full() and not self._hurried:
             timeout = deadline - asyncio.get_running_loop().time()
             if timeout <= 0:
                 return
@@ -168,6 +183,7 @@ class Batcher(Generic[Item, Result]):
     def _take_batch(self) -> list[_Waiting[Item, Result]]:
         """Items of the callers in `_turn_order`, while the batch has room; a caller passed
         over counts it. Cancelled waiters are dropped."""
+        self._hurried = False
         batch: list[_Waiting[Item, Result]] = []
         batch_cost = 0
         served: set[Hashable] = set()

@@ -34,7 +34,7 @@ DEFAULT_MAX_BATCH_PIXELS = 1 << 24
 DEFAULT_MAX_BATCH_ITEMS = {"cpu": 1, "accelerator": 16}
 
 # Gateways encode a request's items; decoders re-encode one an encoder lost. Both fetch
-# rows and release leases.
+# rows and release leases. Decoders say when they idle for items (Expedite).
 ENCODER_ACCESS = AccessRules(
     "tessera.v1.EncoderService",
     {
@@ -42,6 +42,7 @@ ENCODER_ACCESS = AccessRules(
         "GetEmbeddingSlices": frozenset({"decoder", "gateway"}),
         "GetEmbeddingRows": frozenset({"decoder", "gateway"}),
         "ReleaseLeases": frozenset({"decoder", "gateway"}),
+        "Expedite": frozenset({"decoder"}),
         "GetStats": frozenset({ANY_CALLER}),
     },
 )
@@ -94,6 +95,7 @@ class EncoderConfig:
     enable_reflection: bool
     health_port: int
     torch_threads: int = 0  # --torch-threads (0: torch's default)
+    expedite_torch_threads: int = 0  # 0: one per usable CPU
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EncoderConfig:
@@ -199,6 +201,14 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=2.0,
         help="how long a batch waits for more items after its first one",
+    )
+    parser.add_argument(
+        "--expedite-torch-threads",
+        type=int,
+        default=0,
+        help="torch threads for a batch a decoder idles for (it says so: Expedite), where "
+        "--torch-threads leaves CPUs to decoders on the same host (0: one per CPU the "
+        "process may use; at most --torch-threads: never more)",
     )
     parser.add_argument(
         "--redis-url",

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from encoder_service.batcher import Batcher
 from encoder_service.config import DEFAULT_MAX_BATCH_PIXELS
+from encoder_service.expedite import Expediter, TowerThreads
 from encoder_service.items import (
     EncodeItem,
     EncoderCounters,
@@ -54,6 +55,7 @@ class EncoderCore:
         shared: SharedStore | None = None,
         fleet: FleetSettings | None = None,
         max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS,
+        threads: TowerThreads | None = None,
     ):
         self.family = family
         self.store = store
@@ -62,12 +64,16 @@ class EncoderCore:
         self.fleet = fleet or FleetSettings("local", 2_000, 10.0)
         self.counters = EncoderCounters()
         self.batcher: Batcher[EncodeItem, RowBlock] = Batcher(
-            self._encode_batch,
+            self._run_batch,
             max_batch_items,
             max_batch_wait_ms,
             cost=self._batch_cost,
             max_batch_cost=max_batch_pixels,
+            on_batch_start=self._batch_started,
+            on_batch_end=self._batch_ended,
         )
+        # Without `threads` the batches keep the compute thread's threads.
+        self.expediter = Expediter(threads or TowerThreads.unchanged(), self.batcher.hurry)
         self._in_flight: dict[str, asyncio.Task[tuple[RowBlock, Source]]] = {}
         self._video_decoding = ThreadPoolExecutor(
             max_workers=MAX_CONCURRENT_VIDEO_DECODES, thread_name_prefix="video"
@@ -279,6 +285,26 @@ class EncoderCore:
 
     def release(self, owner: str, content_hashes: Sequence[str] | None) -> int:
         return self.store.release(owner, content_hashes)
+
+    def expedite(self, decoder_id: str, sequence: int, content_hashes: Sequence[str]) -> int:
+        """A decoder idles for these items, none: no longer (encoder_service.expedite).
+        Returns how many of them are in flight here; the others are ignored."""
+        in_flight = frozenset(h for h in content_hashes if h in self._in_flight)
+        heard = self.expediter.hear(decoder_id, sequence, in_flight, self._in_flight)
+        if heard and in_flight:
+            self.counters.num_expedite_calls += 1
+        return len(in_flight)
+
+    def _batch_started(self, items: Sequence[EncodeItem]) -> None:
+        self.expediter.batch_started([item.content_hash for item in items])
+
+    def _batch_ended(self, items: Sequence[EncodeItem]) -> None:
+        if self.expediter.batch_ended():
+            self.counters.num_expedited_batches += 1
+
+    def _run_batch(self, items: Sequence[EncodeItem]) -> list[RowBlock | Exception]:
+        """On the compute thread, on the threads the batch is given."""
+        return self.expediter.threads.run(self._encode_batch, items)
 
     def _check_item(self, item: EncodeItem) -> None:
         if not is_content_hash(item.content_hash):

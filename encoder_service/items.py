@@ -84,6 +84,8 @@ class EncoderCounters:
     num_pixel_values_used: int = 0
     num_pixel_values_ignored: int = 0
     num_slice_calls: int = 0
+    num_expedite_calls: int = 0  # that named an item in flight
+    num_expedited_batches: int = 0
 
 
 class SharedStore(Protocol):

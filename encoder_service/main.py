@@ -8,12 +8,14 @@ import socket
 
 from encoder_service.config import EncoderConfig, add_encoder_flags
 from encoder_service.encoder import EncoderCore
+from encoder_service.expedite import tower_threads
 from encoder_service.hash_trust import HashTrust
 from encoder_service.items import FleetSettings
 from encoder_service.memory_store import MemoryStore
 from encoder_service.redis_connection import redis_settings
 from encoder_service.redis_format import RowShape
-from encoder_service.servicer import CallLimits, EncoderServicer, add_to_server, metric_readings
+from encoder_service.servicer import CallLimits, EncoderServicer, add_to_server
+from encoder_service.stats import metric_readings
 from tessera.adapters import LoadOptions, ModelFamily, ModelPart, load_family
 from tessera.compute_thread import compute_thread, set_torch_threads
 from tessera.logs import configure_logging
@@ -51,6 +53,9 @@ async def run(config: EncoderConfig) -> None:
         family = await compute_thread().run(
             load_family, config.model, options, config.model_fingerprint
         )
+        threads = await compute_thread().run(
+            tower_threads, family.media_encoder_modules(), config.expedite_torch_threads
+        )
         shared = None
         if redis is not None:
             from encoder_service.redis_store import RedisStore
@@ -81,6 +86,7 @@ async def run(config: EncoderConfig) -> None:
             shared,
             fleet,
             config.max_batch_pixels,
+            threads,
         )
         core = servicer.core
         serve_metrics(config.metrics_port, config.host, new_registry(lambda: metric_readings(core)))
@@ -88,6 +94,7 @@ async def run(config: EncoderConfig) -> None:
             f"family={family.name} fingerprint={family.fingerprint} device={config.device} "
             f"dtype={dtype_name(family.dtype)} cache_bytes={config.cache_bytes} "
             f"max_batch_items={config.max_batch_items} "
+            f"expedite_torch_threads={threads.wide} "
             f"redis={redis.describe() if redis else 'off'} "
             f"replica={fleet.replica_id} metrics_port={config.metrics_port or 'off'} "
             f"hashes_trusted_from={trust.describe()}"

@@ -268,6 +268,10 @@ class ModelFamily(Protocol):
         the family allows."""
         ...
 
+    def media_encoder_modules(self) -> list[torch.nn.Module]:
+        """The modules `encode` runs (the tower and its projector)."""
+        ...
+
     # -- language model side --------------------------------------------------------------
 
     def check_layout(self, item: PlaceholderRange) -> None:

@@ -223,6 +223,10 @@ class HFFamily:
         self._require(loaded, "media encoder")
         return self._model.model
 
+    def media_encoder_modules(self) -> list[torch.nn.Module]:
+        model = self._media_model()
+        return [getattr(model, name) for name in self.media_modules]
+
     # -- language model side ----------------------------------------------------------
 
     def check_layout(self, item: PlaceholderRange) -> None:

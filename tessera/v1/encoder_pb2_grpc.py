@@ -55,6 +55,11 @@ class EncoderServiceStub:
                 request_serializer=tessera_dot_v1_dot_encoder__pb2.ReleaseLeasesRequest.SerializeToString,
                 response_deserializer=tessera_dot_v1_dot_encoder__pb2.ReleaseLeasesResponse.FromString,
                 _registered_method=True)
+        self.Expedite = channel.unary_unary(
+                '/tessera.v1.EncoderService/Expedite',
+                request_serializer=tessera_dot_v1_dot_encoder__pb2.ExpediteRequest.SerializeToString,
+                response_deserializer=tessera_dot_v1_dot_encoder__pb2.ExpediteResponse.FromString,
+                _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/tessera.v1.EncoderService/GetStats',
                 request_serializer=tessera_dot_v1_dot_encoder__pb2.GetEncoderStatsRequest.SerializeToString,
@@ -100,6 +105,16 @@ class EncoderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Expedite(self, request, context):
+        """A decoder says what it idles for: it has nothing to run until rows of these items
+        arrive. While some decoder idles for an item of the batch computing, the batch runs on
+        --expedite-torch-threads; a batch holding such an item does not wait to fill. Each
+        call replaces the same decoder's last. Advisory; answered at once. Decoders only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStats(self, request, context):
         """Counters of what the encoder has done since it started.
         """
@@ -129,6 +144,11 @@ def add_EncoderServiceServicer_to_server(servicer, server):
                     servicer.ReleaseLeases,
                     request_deserializer=tessera_dot_v1_dot_encoder__pb2.ReleaseLeasesRequest.FromString,
                     response_serializer=tessera_dot_v1_dot_encoder__pb2.ReleaseLeasesResponse.SerializeToString,
+            ),
+            'Expedite': grpc.unary_unary_rpc_method_handler(
+                    servicer.Expedite,
+                    request_deserializer=tessera_dot_v1_dot_encoder__pb2.ExpediteRequest.FromString,
+                    response_serializer=tessera_dot_v1_dot_encoder__pb2.ExpediteResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
@@ -245,6 +265,33 @@ class EncoderService:
             '/tessera.v1.EncoderService/ReleaseLeases',
             tessera_dot_v1_dot_encoder__pb2.ReleaseLeasesRequest.SerializeToString,
             tessera_dot_v1_dot_encoder__pb2.ReleaseLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Expedite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.v1.EncoderService/Expedite',
+            tessera_dot_v1_dot_encoder__pb2.ExpediteRequest.SerializeToString,
+            tessera_dot_v1_dot_encoder__pb2.ExpediteResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -170,6 +170,9 @@ def test_each_method_refuses_the_roles_that_may_not_call_it(stack, certs):
         ("encoder", "Encode"): lambda: encoder_stub(stack, roles["encoder"]).Encode(
             encoder_pb2.EncodeRequest(), timeout=10
         ),
+        ("gateway", "Expedite"): lambda: encoder_stub(stack, roles["gateway"]).Expedite(
+            encoder_pb2.ExpediteRequest(), timeout=10
+        ),
         ("client", "GetStats"): lambda: encoder_stub(stack, roles["client"]).GetStats(
             encoder_pb2.GetEncoderStatsRequest(), timeout=10
         ),  # narrowed by --allow-callers
@@ -192,6 +195,8 @@ def test_the_roles_a_method_names_get_through(stack, certs):
     assert stats.ByteSize() > 0
     released = encoder_pb2.ReleaseLeasesRequest(lease_owner="nobody")
     encoder_stub(stack, roles["gateway"]).ReleaseLeases(released, timeout=10)
+    unknown = encoder_pb2.ExpediteRequest(content_hashes=["ab" * 32])
+    assert encoder_stub(stack, roles["decoder"]).Expedite(unknown, timeout=10).num_in_flight == 0
     # The decoder's way of reading rows (an empty call: nothing to stream, but let through).
     nothing = encoder_pb2.GetEmbeddingSlicesRequest()
     assert list(encoder_stub(stack, roles["decoder"]).GetEmbeddingRows(nothing, timeout=10)) == []
