@@ -164,6 +164,7 @@ class Engine:
     async def _run_forever(self) -> None:
         while True:
             if not self.scheduler.has_work():
+                self.prefetcher.expediter.not_idle()  # nothing waits for rows
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 if self.threads is not None:
@@ -192,10 +193,12 @@ class Engine:
                 # run. Waiting for rows here waited for ever when none were in flight.
                 await asyncio.sleep(0)
             elif pending := self.prefetcher.pending_tasks(self.scheduler.running):
+                self.prefetcher.idle(self.scheduler.running)
                 await self._wait_for_rows(pending)
             else:
                 self._end_stall()
             return
+        self.prefetcher.expediter.not_idle()
         inputs = [self._gather(chunk) for chunk in output.chunks]
         result = await self._compute.run(self._forward_and_sample, inputs)
         self.counters.forward_seconds += result.forward_seconds

@@ -13,6 +13,7 @@ import asyncio
 from dataclasses import dataclass
 
 from decoder_service.embedding_client import EmbeddingClient, FetchedRows
+from decoder_service.expedite import EncoderExpediter
 from decoder_service.request import RequestState
 from tessera.placeholders import slices_for_chunk
 
@@ -26,6 +27,7 @@ class _PlannedFetch:
 class Prefetcher:
     def __init__(self, embeddings: EmbeddingClient, max_bytes: int, row_bytes: int):
         self.embeddings = embeddings
+        self.expediter = EncoderExpediter(embeddings)
         self.max_bytes = max_bytes
         self.row_bytes = row_bytes
         self.num_pending_bytes = 0
@@ -103,12 +105,24 @@ class Prefetcher:
         """Whether every item that a fetch of `requests` still waits for has already
         arrived in another of their fetches, so no encoder is still computing one for
         them: what is left is transfer. An image split over three chunks is three
-        fetches, which land a few milliseconds apart once its encode is done (the rows
-        of fetches a forward took count too: `items_arrived`)."""
+        fetches, which land a few milliseconds apart once its encode is done."""
+        return not self._items_encoding(requests)
+
+    def idle(self, requests: list[RequestState]) -> None:
+        """The engine has nothing to run until rows arrive: the encoders still
+        computing items for `requests` hear of it (decoder_service.expedite)."""
+        encoding = self._items_encoding(requests)
+        items = {item.range.content_hash: item for r in requests for item in r.spec.items}
+        self.expediter.idle_for([items[content_hash] for content_hash in sorted(encoding)])
+
+    def _items_encoding(self, requests: list[RequestState]) -> set[str]:
+        """Items that fetches of `requests` wait for and none of their fetches has had
+        (the rows of taken fetches included: `items_arrived`)."""
         fetches = [task for request in requests for task in request.fetches.values()]
         arrived = set().union(*(self._items(task) for task in fetches if task.done()))
         arrived = arrived.union(*(request.items_arrived for request in requests))
-        return all(self._items(task) <= arrived for task in fetches if not task.done())
+        waited = set().union(*(self._items(task) for task in fetches if not task.done()))
+        return waited - arrived
 
     def _items(self, task: asyncio.Task) -> frozenset[str]:
         planned = self._planned.get(task)

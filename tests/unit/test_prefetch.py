@@ -113,8 +113,8 @@ def test_taken_rows_leave_no_trace():
 
 def test_an_item_whose_rows_a_forward_took_is_not_encoding_while_its_next_chunks_transfer():
     """The fetch of rows 0-12 landed and its forward took them; the fetches of the item's
-    later chunks still transfer. No encoder computes the item: the engine does not keep
-    its thread governor's window for it."""
+    later chunks still transfer. No encoder computes the item: the engine neither tells
+    one it idles for it nor keeps its thread governor's window for it."""
 
     async def scenario() -> bool:
         request = request_with([(HASH_A, 4, 40)], chunk=16)  # chunks 0-16, 16-32, 32-48

@@ -1,0 +1,89 @@
+"""Telling the encoders what this decoder idles for (`Expedite`).
+
+An encoder sharing a host with decoders leaves them most of its CPUs; while a decoder
+has nothing to run but waits for an item's rows, those CPUs idle and the item computes
+on the encoder's few threads. The engine calls `idle_for` when its step has nothing to
+run and items it fetches are still being encoded: each item's first-choice encoder
+(where its fetch goes, and where the gateway sent it) hears which of its items this
+decoder idles for, and runs them on more threads (encoder_service.expedite). When the
+engine has work again, or none waits, it calls `not_idle`, and each encoder told of
+items hears that it no longer idles: wide threads beside a busy decoder slow both.
+
+Calls go out in the background with a short deadline; a failure only means the items
+compute as they would have. An encoder hears only changes, and each call carries a
+sequence number, so one overtaken on the way is ignored.
+
+    idle for A (encoder e1) and B (e2) -> e1: [A], e2: [B]
+    wakes for a new text prompt, runs it -> e1: [], e2: []
+    idle for B                           -> e2: [B]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from collections.abc import Sequence
+
+import grpc
+
+from decoder_service.embedding_client import EmbeddingClient
+from decoder_service.request import MediaSource
+from tessera.channels import ChannelPoolFullError
+from tessera.replicas import UnknownReplicaError
+from tessera.v1 import encoder_pb2, encoder_pb2_grpc
+
+log = logging.getLogger("tessera.decoder")
+
+EXPEDITE_TIMEOUT_SECONDS = 1.0
+MAX_EXPEDITE_HASHES = 256  # per call: the encoder refuses more
+
+
+class EncoderExpediter:
+    def __init__(self, embeddings: EmbeddingClient):
+        self.embeddings = embeddings
+        self.decoder_id = uuid.uuid4().hex
+        self.num_calls = 0  # sent, answered or not
+        self._sequence = itertools.count(1)
+        self._told: dict[str, frozenset[str]] = {}  # encoder address -> what it last heard
+        self._calls: set[asyncio.Task] = set()
+
+    def idle_for(self, items: Sequence[MediaSource]) -> None:
+        """The engine has nothing to run until rows of `items` (still encoding) arrive."""
+        if self.embeddings.colocated is not None:
+            return
+        by_address: dict[str, set[str]] = {address: set() for address in self._told}
+        for item in items:
+            order = self.embeddings.order(item)
+            if order:
+                by_address.setdefault(order[0], set()).add(item.range.content_hash)
+        for address, content_hashes in by_address.items():
+            self._tell(address, frozenset(sorted(content_hashes)[:MAX_EXPEDITE_HASHES]))
+
+    def not_idle(self) -> None:
+        """The engine has work again, or nothing waits."""
+        for address in list(self._told):
+            self._tell(address, frozenset())
+
+    def _tell(self, address: str, content_hashes: frozenset[str]) -> None:
+        if self._told.get(address, frozenset()) == content_hashes:
+            return
+        if content_hashes:
+            self._told[address] = content_hashes
+        else:
+            del self._told[address]
+        call = asyncio.create_task(self._send(address, content_hashes, next(self._sequence)))
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
+
+    async def _send(self, address: str, content_hashes: frozenset[str], sequence: int) -> None:
+        self.num_calls += 1
+        request = encoder_pb2.ExpediteRequest(
+            content_hashes=sorted(content_hashes), decoder_id=self.decoder_id, sequence=sequence
+        )
+        try:
+            stub = encoder_pb2_grpc.EncoderServiceStub(self.embeddings.encoders.channel(address))
+            await stub.Expedite(request, timeout=EXPEDITE_TIMEOUT_SECONDS)
+        except (grpc.aio.AioRpcError, ChannelPoolFullError, UnknownReplicaError) as error:
+            log.debug("Expedite to %s failed: %s", address, error)

@@ -1,0 +1,96 @@
+"""A decoder with nothing to run but an item's rows to wait for tells the item's encoder
+(Expedite), which runs it at once on its wide threads, and tells it again once it has
+work. The encoder here waits ten minutes for a batch of two to fill: the request is
+answered only because the engine, in this process, said it idles; without the call it
+would time out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from gateway.encode_dispatch import encode_announced
+from tessera.testbed.cluster import Cluster
+from tessera.testbed.reference import assert_greedy_match, noise_image, to_chat_inputs
+from tessera.v1 import encoder_pb2, encoder_pb2_grpc
+from tessera.wire import media_item_to_proto
+from tests.service.test_engine import (
+    MAX_NEW_TOKENS,
+    decode_spec,
+    decoder_family,
+    in_process_engine,
+    run_all,
+)
+
+
+@pytest.fixture(scope="module")
+def waiting_encoder(demo_model_dir):
+    """An encoder whose batches wait ten minutes to fill, on one thread, two expedited."""
+    own = Cluster()
+    flags = ["--max-batch-items", "2", "--max-batch-wait-ms", "600000"]
+    flags += ["--torch-threads", "1", "--expedite-torch-threads", "2"]
+    try:
+        own.start("encoder", "encoder", ["--model", str(demo_model_dir), *flags])
+        own.wait_ready()
+        yield own
+    finally:
+        own.stop()
+
+
+def test_an_idle_decoder_has_the_item_it_waits_for_encoded_at_once(
+    demo_model_dir, waiting_encoder, reference
+):
+    address = waiting_encoder.address("encoder")
+    assert waiting_encoder.ready_field("encoder", "expedite_torch_threads") == "2"
+    family, builder = decoder_family(demo_model_dir)
+    prompt = [("user", ["Look:", noise_image(7301, 40, 40), "What is in it?"])]
+    (item,) = builder.build(to_chat_inputs(prompt)).items
+    spec = decode_spec(family, builder, address, 0, prompt, 16)
+    engine = in_process_engine(family, ["--model", str(demo_model_dir), "--encoders", address])
+
+    async def scenario() -> list[int]:
+        # The gateway's part: the decode request goes out once the item is in flight.
+        announced = asyncio.Event()
+        request = encoder_pb2.EncodeRequest(
+            items=[media_item_to_proto(item.range, item.data, item.options)],
+            model_fingerprint=family.fingerprint,
+        )
+        async with grpc.aio.insecure_channel(address) as channel:
+            encode = asyncio.create_task(encode_announced(channel, request, 120, announced.set))
+            await asyncio.wait_for(announced.wait(), 60)
+            (tokens,) = await asyncio.wait_for(run_all(engine, [spec]), 120)
+            await encode
+            stats = await encoder_pb2_grpc.EncoderServiceStub(channel).GetStats(
+                encoder_pb2.GetEncoderStatsRequest(), timeout=10
+            )
+        assert stats.num_items_computed == 1
+        assert stats.num_expedite_calls == 1 and stats.num_expedited_batches == 1
+        return tokens
+
+    tokens = asyncio.run(scenario())
+    # Idle for the item, then (its rows in, its prompt to run) no longer idle.
+    assert engine.prefetcher.expediter.num_calls == 2
+    assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
+
+
+def test_an_expedite_beyond_its_bounds_is_refused_and_the_encoder_serves_on(waiting_encoder):
+    with grpc.insecure_channel(waiting_encoder.address("encoder")) as channel:
+        stub = encoder_pb2_grpc.EncoderServiceStub(channel)
+        refused = [
+            (["ab" * 32] * 257, "d", "at most 256 in one call"),
+            ([], "d" * 129, "the decoder_id has 129 characters"),
+        ]
+        for content_hashes, decoder_id, says in refused:
+            request = encoder_pb2.ExpediteRequest(
+                content_hashes=content_hashes, decoder_id=decoder_id, sequence=1
+            )
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Expedite(request, timeout=10)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value
+            assert says in error.value.details()
+        unknown = encoder_pb2.ExpediteRequest(
+            content_hashes=["ab" * 32], decoder_id="d", sequence=1
+        )
+        assert stub.Expedite(unknown, timeout=10).num_in_flight == 0
