@@ -106,3 +106,12 @@ def shared_host_torch_threads(service: str, cpus: int, num_replicas: int = 1) ->
     """
     share = cpus if service == "decoder" else cpus // 2
     return max(1, share // num_replicas)
+
+
+def shared_host_expedite_threads(cpus: int, num_encoders: int = 1) -> int:
+    """--expedite-torch-threads for each of `num_encoders` encoders sharing a host's
+    `cpus`: while a decoder idles for their items the host is theirs, split evenly
+    (encoder_service.expedite).
+
+    Example: 2 CPUs, 1 encoder -> 2; 8 CPUs, 3 encoders -> 2."""
+    return max(1, cpus // num_encoders)

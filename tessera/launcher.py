@@ -38,7 +38,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tessera.cpus import shared_host_torch_threads, usable_cpus
+from tessera.cpus import shared_host_expedite_threads, shared_host_torch_threads, usable_cpus
 from tessera.tls import TlsFiles, sync_channel, tls_args
 
 # Flags `serve` sets on the services itself; they cannot be passed through.
@@ -208,10 +208,18 @@ def torch_threads_flag(
     service: str, cpus: int, num_replicas: int, flags: Collection[str]
 ) -> list[str]:
     """`--torch-threads N` for one of `num_replicas` of `service` on a host of `cpus`
-    shared with the others, or nothing where `flags` already set it."""
-    if any(flag.split("=", 1)[0] == "--torch-threads" for flag in flags):
-        return []
-    return ["--torch-threads", str(shared_host_torch_threads(service, cpus, num_replicas))]
+    shared with the others, and an encoder's `--expedite-torch-threads`, each unless
+    `flags` already set it."""
+    given = {flag.split("=", 1)[0] for flag in flags}
+    threads = []
+    if "--torch-threads" not in given:
+        threads += ["--torch-threads", str(shared_host_torch_threads(service, cpus, num_replicas))]
+    if service == "encoder" and "--expedite-torch-threads" not in given:
+        threads += [
+            "--expedite-torch-threads",
+            str(shared_host_expedite_threads(cpus, num_replicas)),
+        ]
+    return threads
 
 
 def wait_healthy(

@@ -27,7 +27,15 @@ def test_default_is_one_of_each_with_the_old_arguments():
     ]
     encoder, decoder, gateway = replicas
     common = ["--model", "m", "--host", "127.0.0.1"]
-    assert encoder.args == [*common, "--port", "41000", "--torch-threads", "2"]
+    assert encoder.args == [
+        *common,
+        "--port",
+        "41000",
+        "--torch-threads",
+        "2",
+        "--expedite-torch-threads",
+        "4",
+    ]
     assert decoder.args == [
         *common,
         "--port",
@@ -87,8 +95,8 @@ def test_colocated_runs_the_encoder_in_each_decoder_and_no_encoder_service():
         plan(colocated=True, redis_url="redis://127.0.0.1:6379/0")
 
 
-def torch_threads(replica) -> int:
-    (index,) = [i for i, arg in enumerate(replica.args) if arg == "--torch-threads"]
+def torch_threads(replica, flag: str = "--torch-threads") -> int:
+    (index,) = [i for i, arg in enumerate(replica.args) if arg == flag]
     return int(replica.args[index + 1])
 
 
@@ -109,6 +117,23 @@ def test_services_on_one_host_split_its_cpus(cpus, encoders, decoders, expected)
     assert {name: torch_threads(replicas[name]) for name in expected} == expected
 
 
+@pytest.mark.parametrize(
+    ("cpus", "encoders", "expected"),
+    [
+        (2, 1, 2),  # a decoder idling for the encoder's items leaves it the host
+        (8, 3, 2),  # ... split between the encoders
+        (1, 2, 1),
+    ],
+)
+def test_encoders_widen_to_their_split_of_the_host_while_a_decoder_idles(cpus, encoders, expected):
+    replicas = plan(cpus=cpus, encoders=encoders)
+    widths = [
+        torch_threads(r, "--expedite-torch-threads") for r in replicas if r.service == "encoder"
+    ]
+    assert widths == [expected] * encoders
+    assert all("--expedite-torch-threads" not in r.args for r in replicas if r.service != "encoder")
+
+
 def test_colocated_decoder_keeps_every_cpu():
     replicas = plan(cpus=2, decoders=1, colocated=True)
     assert [torch_threads(r) for r in replicas] == [2, 1]
@@ -123,6 +148,18 @@ def test_torch_threads_given_to_serve_win_over_the_split():
         decoder = next(r for r in plan(routed=routed, cpus=2) if r.service == "decoder")
         assert decoder_parser().parse_args(decoder.args).torch_threads == 3
         assert sum(arg.startswith("--torch-threads") for arg in decoder.args) == 1
+
+
+def test_expedite_threads_given_to_serve_win_over_the_split():
+    from encoder_service.main import build_parser as encoder_parser
+
+    routed = {
+        **ROUTED,
+        **route_flags(["--expedite-torch-threads=1"], {"encoder": encoder_parser()}),
+    }
+    encoder = next(r for r in plan(routed=routed, cpus=2) if r.service == "encoder")
+    assert encoder_parser().parse_args(encoder.args).expedite_torch_threads == 1
+    assert sum(arg.startswith("--expedite-torch-threads") for arg in encoder.args) == 1
 
 
 def test_serve_refuses_colocated_with_encoder_replicas(capsys):
