@@ -31,16 +31,18 @@ import grpc
 from decoder_service.embedding_client import EmbeddingClient
 from decoder_service.request import MediaSource
 from tessera.channels import ChannelPoolFullError
+from tessera.limits import MAX_EXPEDITE_HASHES
 from tessera.replicas import UnknownReplicaError
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 
 log = logging.getLogger("tessera.decoder")
 
 EXPEDITE_TIMEOUT_SECONDS = 1.0
-MAX_EXPEDITE_HASHES = 256  # per call: the encoder refuses more
 
 
 class EncoderExpediter:
+    """What this decoder told each encoder it idles for, and the calls that told it."""
+
     def __init__(self, embeddings: EmbeddingClient):
         self.embeddings = embeddings
         self.decoder_id = uuid.uuid4().hex

@@ -17,8 +17,8 @@ does not wait to fill.
     the decoder idles again, for B                      -> B's next layers on 2
 
 Ending the wide threads when the decoder's work starts, not when the item's encode
-ends, is what keeps this from costing a busy decoder: tickets used up only by the end
-of a batch cost a cell of 4 clients and 80% cached images 6-10% of its throughput (the
+ends, is what keeps this from costing a busy decoder: wide threads kept to the end of
+the batch cost a cell of 4 clients and 80% cached images 6-10% of its throughput (the
 decoder prefilled a cached item's prompt while the encoder ran wide beside it).
 """
 
@@ -31,7 +31,6 @@ import torch
 
 from tessera.cpus import usable_cpus
 
-MAX_EXPEDITE_HASHES = 256  # content hashes in one Expedite call
 MAX_DECODERS = 64  # decoders whose last call is remembered
 
 

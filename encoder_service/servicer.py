@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import grpc
 
 from encoder_service.encoder import EncoderCore
-from encoder_service.expedite import MAX_EXPEDITE_HASHES
 from encoder_service.hash_trust import HashTrust
 from encoder_service.items import (
     EncodeItem,
@@ -22,7 +21,7 @@ from encoder_service.memory_store import Lease
 from encoder_service.processed_pixels import FilesWantedError, pixels_of
 from encoder_service.stats import stats_to_proto
 from tessera.access import caller_name
-from tessera.limits import check_cache_salt, check_request_id
+from tessera.limits import MAX_EXPEDITE_HASHES, check_cache_salt, check_request_id
 from tessera.media import ProcessingOptions
 from tessera.row_stream import encode_rows_message
 from tessera.server import abort_unless_ready

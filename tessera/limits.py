@@ -8,6 +8,8 @@ MAX_REQUEST_ID_CHARS = 128
 # Encoder addresses a decode request may name per item (hints the decoder walks on every
 # fetch): the gateway names every encoder it knows, and no fleet has more.
 MAX_ENCODER_HINTS = 256
+# Items one Expedite call may name (the items a decoder idles for at one encoder).
+MAX_EXPEDITE_HASHES = 256
 
 
 def check_request_id(request_id: str, what: str = "request id") -> str:
