@@ -208,7 +208,7 @@ def add_encoder_flags(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="torch threads for a batch a decoder idles for (it says so: Expedite), where "
         "--torch-threads leaves CPUs to decoders on the same host (0: one per CPU the "
-        "process may use; at most --torch-threads: never more)",
+        "process may use; a value at most --torch-threads never widens)",
     )
     parser.add_argument(
         "--redis-url",
