@@ -88,6 +88,7 @@ def engine_stats_to_proto(engine: Engine) -> decoder_pb2.DecoderStats:
         num_aborted=counters.num_aborted,
         num_scheduled_requests=counters.num_scheduled_requests,
         num_stalls=counters.num_stalls,
+        num_engine_errors=counters.num_engine_errors,
     )
 
 
@@ -165,6 +166,12 @@ DECODER_METRICS: tuple[StatField, ...] = (
         "Steps that could neither run nor wait for rows; their requests failed (a bug)",
         "counter",
         "num_stalls",
+    ),
+    (
+        "tessera_decoder_engine_errors_total",
+        "Errors the engine's loop caught; the requests it held failed (a bug)",
+        "counter",
+        "num_engine_errors",
     ),
     (
         "tessera_decoder_cancellations_total",

@@ -103,7 +103,7 @@ class GetDecoderStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DecoderStats(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "num_cached_kv_blocks", "kv_block_size", "num_prefix_queries", "num_prefix_hit_blocks", "num_preemptions", "num_steps", "num_batched_tokens", "forward_seconds", "fetch_wait_seconds", "num_prefetch_pending_bytes", "num_finished", "num_aborted", "num_scheduled_requests", "num_stalls")
+    __slots__ = ("num_running", "num_waiting", "num_kv_blocks", "num_free_kv_blocks", "num_cached_kv_blocks", "kv_block_size", "num_prefix_queries", "num_prefix_hit_blocks", "num_preemptions", "num_steps", "num_batched_tokens", "forward_seconds", "fetch_wait_seconds", "num_prefetch_pending_bytes", "num_finished", "num_aborted", "num_scheduled_requests", "num_stalls", "num_engine_errors")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class DecoderStats(_message.Message):
     NUM_ABORTED_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_STALLS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENGINE_ERRORS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_kv_blocks: int
@@ -140,4 +141,5 @@ class DecoderStats(_message.Message):
     num_aborted: int
     num_scheduled_requests: int
     num_stalls: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_cached_kv_blocks: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_prefix_queries: _Optional[int] = ..., num_prefix_hit_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_batched_tokens: _Optional[int] = ..., forward_seconds: _Optional[float] = ..., fetch_wait_seconds: _Optional[float] = ..., num_prefetch_pending_bytes: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., num_scheduled_requests: _Optional[int] = ..., num_stalls: _Optional[int] = ...) -> None: ...
+    num_engine_errors: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_free_kv_blocks: _Optional[int] = ..., num_cached_kv_blocks: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_prefix_queries: _Optional[int] = ..., num_prefix_hit_blocks: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., num_batched_tokens: _Optional[int] = ..., forward_seconds: _Optional[float] = ..., fetch_wait_seconds: _Optional[float] = ..., num_prefetch_pending_bytes: _Optional[int] = ..., num_finished: _Optional[int] = ..., num_aborted: _Optional[int] = ..., num_scheduled_requests: _Optional[int] = ..., num_stalls: _Optional[int] = ..., num_engine_errors: _Optional[int] = ...) -> None: ...

@@ -129,18 +129,19 @@ def in_process_engine(family, flags: list[str]):
     return build_engine(config, family, encoder_replicas(config))
 
 
-async def run_all(engine, specs, return_exceptions: bool = False) -> list:
+async def run_all(engine, specs, return_exceptions: bool = False, start: bool = True) -> list:
     """Every request is queued before the engine's first step, so what it schedules does
     not depend on arrival times. With `return_exceptions`, a failed request's error
-    takes its place in the list."""
+    takes its place in the list. `start=False`: the engine's loop already runs."""
 
     async def tokens(spec) -> list[int]:
         return [e.token_id async for e in engine.generate(spec) if isinstance(e, SampledToken)]
 
     tasks = [asyncio.create_task(tokens(spec)) for spec in specs]
-    while len(engine.scheduler.waiting) < len(specs):
-        await asyncio.sleep(0)
-    engine.start()
+    if start:
+        while len(engine.scheduler.waiting) < len(specs):
+            await asyncio.sleep(0)
+        engine.start()
     return list(await asyncio.gather(*tasks, return_exceptions=return_exceptions))
 
 
