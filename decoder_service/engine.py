@@ -33,6 +33,7 @@ from decoder_service.sampler import SamplerRow, TokenCounts, needs_counts, sampl
 from decoder_service.scheduler import ScheduledChunk, Scheduler
 from tessera.adapters import ModelFamily
 from tessera.compute_thread import compute_thread
+from tessera.loop_guard import error_backoff_seconds
 from tessera.thread_governor import ThreadGovernor
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 
@@ -492,15 +493,6 @@ class Engine:
         task = asyncio.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-def error_backoff_seconds(num_errors_in_a_row: int) -> float:
-    """How long the engine's loop pauses after its n-th error in a row: 2 ms, doubling,
-    at most 1 s. A one-off error costs its requests and a blink; one that recurs every
-    turn of the loop costs a core at most a few hundred turns before the pause is long.
-    The 1st, 2nd and 3rd errors in a row pause 2, 4 and 8 ms; the 10th and later 1 s.
-    """
-    return min(1.0, 0.001 * 2 ** min(num_errors_in_a_row, 10))
 
 
 def _ends(event: Event) -> bool:

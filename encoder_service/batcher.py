@@ -28,12 +28,16 @@ passed over by `max_passed_over` forwards in a row goes first.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from tessera.compute_thread import compute_thread
+from tessera.loop_guard import error_backoff_seconds
+
+log = logging.getLogger("tessera.encoder")
 
 # Forwards in a row a caller's items may wait behind callers with less work queued.
 DEFAULT_MAX_PASSED_OVER = 16
@@ -48,6 +52,7 @@ class BatchStats:
     num_items: int = 0
     max_batch_size: int = 0
     busy_seconds: float = 0.0
+    num_errors: int = 0  # batches failed by a bug around the model (`_run_forever`)
     # batch size -> how many batches had it
     histogram: dict[int, int] = field(default_factory=dict)
 
@@ -133,31 +138,49 @@ class Batcher(Generic[Item, Result]):
         return await future
 
     async def _run_forever(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Batch after batch. Nothing raised here may end the loop (every encode, queued
+        and yet to come, would hang): the model's errors are the batch's outcomes; any
+        other is a bug, logged, its batch failed, and the loop goes on after a pause."""
+        num_errors_in_a_row = 0
         while True:
             await self._gather()
             batch = self._take_batch()
             if not batch:
                 continue
-            self.stats.record(len(batch))
-            items = [waiting.item for waiting in batch]
-            started = loop.time()
-            self._on_batch_start(items)
             try:
-                # The model runs on the process's one torch thread (compute_thread).
-                outcomes = await compute_thread().run(self._run_batch, items)
-            except Exception as error:  # the model failed: every waiter hears of it
-                outcomes = [RuntimeError(f"encoding failed: {error}")] * len(batch)
-            finally:
-                self._on_batch_end(items)
-            self.stats.busy_seconds += loop.time() - started
-            for waiting, outcome in zip(batch, outcomes, strict=True):
-                if waiting.future.cancelled():
-                    continue
-                if isinstance(outcome, Exception):
-                    waiting.future.set_exception(outcome)
-                else:
-                    waiting.future.set_result(outcome)
+                await self._run(batch)
+                num_errors_in_a_row = 0
+            except Exception:
+                num_errors_in_a_row += 1
+                log.exception("the encode batcher failed (a bug); failing its batch")
+                self.stats.num_errors += 1
+                error = RuntimeError("internal error in the encoder's batcher (logged)")
+                for waiting in batch:
+                    if not waiting.future.done():
+                        waiting.future.set_exception(error)
+                await asyncio.sleep(error_backoff_seconds(num_errors_in_a_row))
+
+    async def _run(self, batch: list[_Waiting[Item, Result]]) -> None:
+        self.stats.record(len(batch))
+        items = [waiting.item for waiting in batch]
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self._on_batch_start(items)
+        try:
+            # The model runs on the process's one torch thread (compute_thread).
+            outcomes = await compute_thread().run(self._run_batch, items)
+        except Exception as error:  # the model failed: every waiter hears of it
+            outcomes = [RuntimeError(f"encoding failed: {error}")] * len(batch)
+        finally:
+            self._on_batch_end(items)
+        self.stats.busy_seconds += loop.time() - started
+        for waiting, outcome in zip(batch, outcomes, strict=True):
+            if waiting.future.done():  # cancelled: its caller is gone
+                continue
+            if isinstance(outcome, Exception):
+                waiting.future.set_exception(outcome)
+            else:
+                waiting.future.set_result(outcome)
 
     async def _gather(self) -> None:
         """Returns once an item waits and either a batch is full or `max_wait_ms` has

@@ -38,6 +38,7 @@ def stats_to_proto(core: EncoderCore) -> encoder_pb2.EncoderStats:
         num_pixel_values_ignored=counters.num_pixel_values_ignored,
         num_expedite_calls=counters.num_expedite_calls,
         num_expedited_batches=counters.num_expedited_batches,
+        num_batcher_errors=batches.num_errors,
     )
 
 
@@ -144,6 +145,12 @@ ENCODER_METRICS: tuple[StatField, ...] = (
         "Batches run on --expedite-torch-threads without waiting to fill",
         "counter",
         "num_expedited_batches",
+    ),
+    (
+        "tessera_encoder_batcher_errors_total",
+        "Batches failed by an error around the model; their items failed (a bug)",
+        "counter",
+        "num_batcher_errors",
     ),
     (
         "tessera_encoder_degraded",

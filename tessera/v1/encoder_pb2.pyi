@@ -132,7 +132,7 @@ class GetEncoderStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EncoderStats(_message.Message):
-    __slots__ = ("num_items_requested", "num_items_computed", "num_memory_hits", "num_joined_in_flight", "num_slice_misses", "num_bytes_served", "num_evictions", "num_cached_items", "num_cached_bytes", "num_batches", "num_redis_hits", "num_remote_waits", "num_corrupt_entries", "num_redis_errors", "degraded", "num_batched_items", "max_batch_size", "redis_enabled", "num_pinned_bytes", "num_pins_refused", "num_hashes_verified", "num_hashes_trusted", "num_slice_calls", "num_pixel_values_used", "num_pixel_values_ignored", "num_expedite_calls", "num_expedited_batches")
+    __slots__ = ("num_items_requested", "num_items_computed", "num_memory_hits", "num_joined_in_flight", "num_slice_misses", "num_bytes_served", "num_evictions", "num_cached_items", "num_cached_bytes", "num_batches", "num_redis_hits", "num_remote_waits", "num_corrupt_entries", "num_redis_errors", "degraded", "num_batched_items", "max_batch_size", "redis_enabled", "num_pinned_bytes", "num_pins_refused", "num_hashes_verified", "num_hashes_trusted", "num_slice_calls", "num_pixel_values_used", "num_pixel_values_ignored", "num_expedite_calls", "num_expedited_batches", "num_batcher_errors")
     NUM_ITEMS_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     NUM_ITEMS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
     NUM_MEMORY_HITS_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,7 @@ class EncoderStats(_message.Message):
     NUM_PIXEL_VALUES_IGNORED_FIELD_NUMBER: _ClassVar[int]
     NUM_EXPEDITE_CALLS_FIELD_NUMBER: _ClassVar[int]
     NUM_EXPEDITED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    NUM_BATCHER_ERRORS_FIELD_NUMBER: _ClassVar[int]
     num_items_requested: int
     num_items_computed: int
     num_memory_hits: int
@@ -187,4 +188,5 @@ class EncoderStats(_message.Message):
     num_pixel_values_ignored: int
     num_expedite_calls: int
     num_expedited_batches: int
-    def __init__(self, num_items_requested: _Optional[int] = ..., num_items_computed: _Optional[int] = ..., num_memory_hits: _Optional[int] = ..., num_joined_in_flight: _Optional[int] = ..., num_slice_misses: _Optional[int] = ..., num_bytes_served: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_cached_items: _Optional[int] = ..., num_cached_bytes: _Optional[int] = ..., num_batches: _Optional[int] = ..., num_redis_hits: _Optional[int] = ..., num_remote_waits: _Optional[int] = ..., num_corrupt_entries: _Optional[int] = ..., num_redis_errors: _Optional[int] = ..., degraded: _Optional[bool] = ..., num_batched_items: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., redis_enabled: _Optional[bool] = ..., num_pinned_bytes: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_hashes_verified: _Optional[int] = ..., num_hashes_trusted: _Optional[int] = ..., num_slice_calls: _Optional[int] = ..., num_pixel_values_used: _Optional[int] = ..., num_pixel_values_ignored: _Optional[int] = ..., num_expedite_calls: _Optional[int] = ..., num_expedited_batches: _Optional[int] = ...) -> None: ...
+    num_batcher_errors: int
+    def __init__(self, num_items_requested: _Optional[int] = ..., num_items_computed: _Optional[int] = ..., num_memory_hits: _Optional[int] = ..., num_joined_in_flight: _Optional[int] = ..., num_slice_misses: _Optional[int] = ..., num_bytes_served: _Optional[int] = ..., num_evictions: _Optional[int] = ..., num_cached_items: _Optional[int] = ..., num_cached_bytes: _Optional[int] = ..., num_batches: _Optional[int] = ..., num_redis_hits: _Optional[int] = ..., num_remote_waits: _Optional[int] = ..., num_corrupt_entries: _Optional[int] = ..., num_redis_errors: _Optional[int] = ..., degraded: _Optional[bool] = ..., num_batched_items: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., redis_enabled: _Optional[bool] = ..., num_pinned_bytes: _Optional[int] = ..., num_pins_refused: _Optional[int] = ..., num_hashes_verified: _Optional[int] = ..., num_hashes_trusted: _Optional[int] = ..., num_slice_calls: _Optional[int] = ..., num_pixel_values_used: _Optional[int] = ..., num_pixel_values_ignored: _Optional[int] = ..., num_expedite_calls: _Optional[int] = ..., num_expedited_batches: _Optional[int] = ..., num_batcher_errors: _Optional[int] = ...) -> None: ...

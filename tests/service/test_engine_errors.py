@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from decoder_service.engine import error_backoff_seconds
 from decoder_service.request import DecodeSpec, SamplingOptions
 from decoder_service.servicer import engine_stats_to_proto
 from tessera.testbed.reference import to_chat_inputs
@@ -84,9 +83,3 @@ def test_an_error_in_a_step_fails_the_requests_it_held_and_is_counted(demo_model
     assert not engine.scheduler.has_work() and kv.stats().num_free_blocks == kv.num_blocks
     clean = in_process_engine(family, flags)
     assert served == asyncio.run(run_all(clean, [replace(later, request_id="clean")]))[0]
-
-
-def test_errors_in_a_row_pause_the_loop_longer_up_to_a_second():
-    pauses = [error_backoff_seconds(n) for n in range(1, 13)]
-    assert pauses[:3] == [0.002, 0.004, 0.008]
-    assert pauses == sorted(pauses) and pauses[-3:] == [1.0, 1.0, 1.0]

@@ -140,3 +140,38 @@ def test_a_cancelled_waiter_is_dropped_and_the_others_still_run():
     results, depth = asyncio.run(scenario())
     assert results == ["A0", "KEPT"] and depth == 0
     assert recorder.batches == [["a0"], ["kept"]]
+
+
+def test_an_error_around_the_model_fails_its_batch_not_the_batcher(caplog):
+    """A bug injected where the batch starts (the expediter's hook) and another where the
+    model answers one outcome too few: each fails its own batch with an internal error,
+    is logged and counted, and the next items are served. Before, the first ended the
+    batcher's loop and every later encode waited for ever."""
+    starts = 0
+
+    def on_batch_start(items: Sequence[str]) -> None:
+        nonlocal starts
+        starts += 1
+        if starts == 1:
+            raise RuntimeError("injected fault in on_batch_start")
+
+    def run_batch(items: Sequence[str]) -> list[str]:
+        outcomes = [item.upper() for item in items]
+        return outcomes[:-1] if items[0] == "short" else outcomes
+
+    async def scenario():
+        batcher = Batcher(run_batch, 4, 0.0, on_batch_start=on_batch_start)
+        outcomes = []
+        for item in ["first", "short", "later"]:  # one batch each
+            try:
+                outcomes.append(await batcher.submit(item, item))
+            except RuntimeError as error:
+                outcomes.append(str(error))
+        return outcomes, batcher.stats.num_errors
+
+    outcomes, num_errors = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    internal = "internal error in the encoder's batcher (logged)"
+    assert outcomes == [internal, internal, "LATER"]
+    assert num_errors == 2
+    assert "injected fault in on_batch_start" in caplog.text
+    assert "zip() argument 2 is shorter than argument 1" in caplog.text
