@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ import torch
 from decoder_service.request import MediaSource
 from decoder_service.row_assembly import BatchAssembler, RowAssembler, SliceStreamError
 from tessera.channels import ChannelPoolFullError
+from tessera.encode_call import encode_announced
 from tessera.placeholders import ChunkSlice
 from tessera.rendezvous import encoder_order
 from tessera.replicas import ReplicaSet, UnknownReplicaError
@@ -148,6 +149,9 @@ class EmbeddingClient:
         self.num_bytes_received = 0
         # (encoder address, content_hash) -> Encode call in flight, shared by every fetch
         self._reencodes: dict[tuple[str, str], asyncio.Future] = {}
+        # Called with (encoder address, content_hash) once an encoder has an item this
+        # client sent it in flight (decoder_service.expedite: an idle decoder says so).
+        self.on_reencoding: Callable[[str, str], None] = lambda address, content_hash: None
         # encoder address -> when it answered GetEmbeddingRows with UNIMPLEMENTED
         self._rows_unimplemented: dict[str, float] = {}
 
@@ -166,6 +170,14 @@ class EmbeddingClient:
 
     def order(self, item: MediaSource) -> list[str]:
         return fetch_order(item.range.content_hash, item.encoder_addresses, self.encoders)
+
+    def computing_at(self, item: MediaSource) -> str | None:
+        """The encoder that computes `item` for this decoder: where it sent the item
+        again (its first choice lost it), else its first choice; None without encoders."""
+        content_hash = item.range.content_hash
+        order = self.order(item)
+        resent = [address for address in order if (address, content_hash) in self._reencodes]
+        return (resent or order or [None])[0]
 
     async def fetch_chunk(
         self, request_id: str, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
@@ -310,7 +322,7 @@ class EmbeddingClient:
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.NOT_FOUND or not item.data:
                 raise
-        sent = await self._encode_once(stub, address, request_id, item)
+        sent = await self._encode_once(address, request_id, item)
         try:
             return await self._stream_rows(stub, request_id, item, chunk_slice, reencoded=sent)
         except grpc.aio.AioRpcError as error:
@@ -320,16 +332,12 @@ class EmbeddingClient:
             # (its cache is full and its pin budget spent). Its trouble, not the item's.
             raise _NotKeptError(f"{address}: evicted right after encoding") from None
 
-    async def _encode_once(
-        self,
-        stub: encoder_pb2_grpc.EncoderServiceStub,
-        address: str,
-        request_id: str,
-        item: MediaSource,
-    ) -> bool:
+    async def _encode_once(self, address: str, request_id: str, item: MediaSource) -> bool:
         """Sends the item to `address` to be encoded, unless a fetch of another chunk is
-        already doing so; True if this call sent it."""
-        key = (address, item.range.content_hash)
+        already doing so; True if this call sent it. `on_reencoding` hears as soon as the
+        encoder has it in flight."""
+        content_hash = item.range.content_hash
+        key = (address, content_hash)
         pending = self._reencodes.get(key)
         if pending is not None:
             await asyncio.shield(pending)
@@ -341,7 +349,14 @@ class EmbeddingClient:
             lease_ms=self.lease_ms,
             model_fingerprint=self.model_fingerprint,
         )
-        task = asyncio.ensure_future(stub.Encode(request, timeout=self.timeout_seconds))
+        task = asyncio.ensure_future(
+            encode_announced(
+                self.encoders.channel(address),
+                request,
+                self.timeout_seconds,
+                lambda: self.on_reencoding(address, content_hash),
+            )
+        )
         self._reencodes[key] = task
         try:
             await asyncio.shield(task)

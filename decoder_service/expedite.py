@@ -16,6 +16,14 @@ sequence number, so one overtaken on the way is ignored.
     idle for A (encoder e1) and B (e2) -> e1: [A], e2: [B]
     wakes for a new text prompt, runs it -> e1: [], e2: []
     idle for B                           -> e2: [B]
+
+An encoder ignores items it does not have in flight. When the first choice lost an item
+and this decoder sends it again (to it or the next encoder), the item computes where it
+was sent: that encoder hears, as soon as it has the item in flight, what this decoder
+still idles for there.
+
+    idle for A (e1 lost it)              -> e1: [A] (ignored: not in flight there)
+    A sent to e1 again, in flight        -> e1: [A] (again, now heard)
 """
 
 from __future__ import annotations
@@ -49,32 +57,53 @@ class EncoderExpediter:
         self.num_calls = 0  # sent, answered or not
         self._sequence = itertools.count(1)
         self._told: dict[str, frozenset[str]] = {}  # encoder address -> what it last heard
+        self._idle_for: tuple[MediaSource, ...] = ()  # since the last `idle_for`, if idle
         self._calls: set[asyncio.Task] = set()
+        embeddings.on_reencoding = self.reencoding
 
     def idle_for(self, items: Sequence[MediaSource]) -> None:
         """The engine has nothing to run until rows of `items` (still encoding) arrive."""
         if self.embeddings.colocated is not None:
             return
-        by_address: dict[str, set[str]] = {address: set() for address in self._told}
-        for item in items:
-            order = self.embeddings.order(item)
-            if order:
-                by_address.setdefault(order[0], set()).add(item.range.content_hash)
-        for address, content_hashes in by_address.items():
-            self._tell(address, frozenset(sorted(content_hashes)[:MAX_EXPEDITE_HASHES]))
+        self._idle_for = tuple(items)
+        for address, content_hashes in self._by_address().items():
+            self._tell(address, content_hashes)
 
     def not_idle(self) -> None:
         """The engine has work again, or nothing waits."""
+        self._idle_for = ()
         for address in list(self._told):
             self._tell(address, frozenset())
 
-    def _tell(self, address: str, content_hashes: frozenset[str]) -> None:
-        if self._told.get(address, frozenset()) == content_hashes:
+    def reencoding(self, address: str, content_hash: str) -> None:
+        """`address` has in flight an item this decoder sent it again: if the engine idles
+        for it, that encoder hears so again (it ignored the item until now)."""
+        if not any(item.range.content_hash == content_hash for item in self._idle_for):
+            return
+        content_hashes = self._by_address().get(address, frozenset())  # none: it left
+        if content_hash in content_hashes:
+            self._tell(address, content_hashes, again=True)
+
+    def _by_address(self) -> dict[str, frozenset[str]]:
+        """Encoder address -> the items idled for that it computes (every encoder told
+        before: an empty set for those no longer computing any)."""
+        by_address: dict[str, set[str]] = {address: set() for address in self._told}
+        for item in self._idle_for:
+            address = self.embeddings.computing_at(item)
+            if address is not None:
+                by_address.setdefault(address, set()).add(item.range.content_hash)
+        return {
+            address: frozenset(sorted(content_hashes)[:MAX_EXPEDITE_HASHES])
+            for address, content_hashes in by_address.items()
+        }
+
+    def _tell(self, address: str, content_hashes: frozenset[str], again: bool = False) -> None:
+        if self._told.get(address, frozenset()) == content_hashes and not again:
             return
         if content_hashes:
             self._told[address] = content_hashes
         else:
-            del self._told[address]
+            self._told.pop(address, None)
         call = asyncio.create_task(self._send(address, content_hashes, next(self._sequence)))
         self._calls.add(call)
         call.add_done_callback(self._calls.discard)

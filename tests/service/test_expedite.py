@@ -11,7 +11,7 @@ import asyncio
 import grpc
 import pytest
 
-from gateway.encode_dispatch import encode_announced
+from tessera.encode_call import encode_announced
 from tessera.testbed.cluster import Cluster
 from tessera.testbed.reference import assert_greedy_match, noise_image, to_chat_inputs
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
@@ -72,6 +72,37 @@ def test_an_idle_decoder_has_the_item_it_waits_for_encoded_at_once(
     tokens = asyncio.run(scenario())
     # Idle for the item, then (its rows in, its prompt to run) no longer idle.
     assert engine.prefetcher.expediter.num_calls == 2
+    assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
+
+
+def test_an_item_the_decoder_sends_again_is_expedited_once_in_flight(
+    demo_model_dir, waiting_encoder, reference
+):
+    """No gateway encoded the item: the decoder's fetch finds nothing and it sends the
+    item itself. Its first call came before the item was in flight, and the encoder
+    ignored it; once the encoder announces the item in flight the decoder tells it again
+    (before, only changes were sent: the item waited its ten minutes)."""
+    address = waiting_encoder.address("encoder")
+    family, builder = decoder_family(demo_model_dir)
+    prompt = [("user", ["Again:", noise_image(7302, 40, 40), "What is in it?"])]
+    spec = decode_spec(family, builder, address, 1, prompt, 16)
+    engine = in_process_engine(family, ["--model", str(demo_model_dir), "--encoders", address])
+
+    async def scenario() -> tuple[list[int], encoder_pb2.EncoderStats, encoder_pb2.EncoderStats]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = encoder_pb2_grpc.EncoderServiceStub(channel)
+            before = await stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
+            (tokens,) = await asyncio.wait_for(run_all(engine, [spec]), 120)
+            after = await stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
+        return tokens, after, before
+
+    tokens, after, before = asyncio.run(scenario())
+    assert after.num_items_computed - before.num_items_computed == 1
+    assert after.num_hashes_verified - before.num_hashes_verified == 1  # sent by a decoder
+    assert after.num_expedite_calls - before.num_expedite_calls == 1  # the one heard
+    assert after.num_expedited_batches - before.num_expedited_batches == 1
+    # Idle for the item (ignored), again once in flight, then no longer idle.
+    assert engine.prefetcher.expediter.num_calls == 3
     assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
 
 

@@ -10,7 +10,7 @@ import grpc
 
 from encoder_service.hash_trust import HashTrust
 from encoder_service.servicer import CallLimits, EncoderServicer, add_to_server
-from gateway.encode_dispatch import encode_announced
+from tessera.encode_call import encode_announced
 from tessera.v1 import common_pb2, encoder_pb2
 from tests.unit.test_encoder_core import HeldFamily, core, item
 
