@@ -3,7 +3,8 @@
 For each item a chunk overlaps, the decoder asks encoders, preferred first, for rows
 `[row_start, row_end)` only. An encoder that answers NOT_FOUND (the gateway's Encode has
 not arrived yet, the item was evicted, or it is another replica) is sent the item's
-bytes to encode, and asked again; an unreachable one is skipped for the next.
+bytes to encode, and asked again (`reencode.py`); an unreachable one is skipped for the
+next.
 
 The decoder dials only the encoders it discovered itself (`--encoders`): the addresses a
 request names are hints that order them, never addresses to dial (`fetch_order`).
@@ -14,22 +15,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import grpc
 import torch
 
+from decoder_service.reencode import Reencoder
 from decoder_service.request import MediaSource
 from decoder_service.row_assembly import BatchAssembler, RowAssembler, SliceStreamError
 from tessera.channels import ChannelPoolFullError
-from tessera.encode_call import encode_announced
 from tessera.placeholders import ChunkSlice
 from tessera.rendezvous import encoder_order
 from tessera.replicas import ReplicaSet, UnknownReplicaError
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
-from tessera.wire import media_item_to_proto
 
 if TYPE_CHECKING:
     from decoder_service.colocated import ColocatedEncoder
@@ -136,9 +136,6 @@ class EmbeddingClient:
         self.encoders = encoders
         # With --colocated-encoder: every item's rows come from this process's encoder.
         self.colocated = colocated
-        # Named in the Encode calls that re-send an item: the content hashes came from
-        # a gateway of this model (empty: unknown, and the encoder checks every hash).
-        self.model_fingerprint = model_fingerprint
         # A benchmark baseline: fetch each overlapping item's whole embedding for every
         # chunk, and still place only the chunk's rows.
         self.fetch_whole = fetch_whole
@@ -147,11 +144,8 @@ class EmbeddingClient:
         self.lease_ms = lease_ms
         self.timeout_seconds = timeout_seconds
         self.num_bytes_received = 0
-        # (encoder address, content_hash) -> Encode call in flight, shared by every fetch
-        self._reencodes: dict[tuple[str, str], asyncio.Future] = {}
-        # Called with (encoder address, content_hash) once an encoder has an item this
-        # client sent it in flight (decoder_service.expedite: an idle decoder says so).
-        self.on_reencoding: Callable[[str, str], None] = lambda address, content_hash: None
+        # Items an encoder answered NOT_FOUND for, sent to it again (once per encoder).
+        self.reencoder = Reencoder(encoders, lease_ms, timeout_seconds, model_fingerprint)
         # encoder address -> when it answered GetEmbeddingRows with UNIMPLEMENTED
         self._rows_unimplemented: dict[str, float] = {}
 
@@ -174,10 +168,9 @@ class EmbeddingClient:
     def computing_at(self, item: MediaSource) -> str | None:
         """The encoder that computes `item` for this decoder: where it sent the item
         again (its first choice lost it), else its first choice; None without encoders."""
-        content_hash = item.range.content_hash
         order = self.order(item)
-        resent = [address for address in order if (address, content_hash) in self._reencodes]
-        return (resent or order or [None])[0]
+        resent = self.reencoder.sent_to(order, item.range.content_hash)
+        return resent or (order[0] if order else None)
 
     async def fetch_chunk(
         self, request_id: str, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
@@ -322,7 +315,7 @@ class EmbeddingClient:
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.NOT_FOUND or not item.data:
                 raise
-        sent = await self._encode_once(address, request_id, item)
+        sent = await self.reencoder.encode_once(address, request_id, item)
         try:
             return await self._stream_rows(stub, request_id, item, chunk_slice, reencoded=sent)
         except grpc.aio.AioRpcError as error:
@@ -331,39 +324,6 @@ class EmbeddingClient:
             # Encoded, then gone before it could be read: the encoder could not keep it
             # (its cache is full and its pin budget spent). Its trouble, not the item's.
             raise _NotKeptError(f"{address}: evicted right after encoding") from None
-
-    async def _encode_once(self, address: str, request_id: str, item: MediaSource) -> bool:
-        """Sends the item to `address` to be encoded, unless a fetch of another chunk is
-        already doing so; True if this call sent it. `on_reencoding` hears as soon as the
-        encoder has it in flight."""
-        content_hash = item.range.content_hash
-        key = (address, content_hash)
-        pending = self._reencodes.get(key)
-        if pending is not None:
-            await asyncio.shield(pending)
-            return False
-        log.info("item %s not on %s; sending it to be encoded", item.range.content_hash, address)
-        request = encoder_pb2.EncodeRequest(
-            items=[media_item_to_proto(item.range, item.data, item.options, item.cache_salt)],
-            lease_owner=request_id,
-            lease_ms=self.lease_ms,
-            model_fingerprint=self.model_fingerprint,
-        )
-        task = asyncio.ensure_future(
-            encode_announced(
-                self.encoders.channel(address),
-                request,
-                self.timeout_seconds,
-                lambda: self.on_reencoding(address, content_hash),
-            )
-        )
-        self._reencodes[key] = task
-        try:
-            await asyncio.shield(task)
-        finally:
-            if self._reencodes.get(key) is task:
-                del self._reencodes[key]
-        return True
 
     async def _stream_batch(
         self,

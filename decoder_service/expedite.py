@@ -59,7 +59,7 @@ class EncoderExpediter:
         self._told: dict[str, frozenset[str]] = {}  # encoder address -> what it last heard
         self._idle_for: tuple[MediaSource, ...] = ()  # since the last `idle_for`, if idle
         self._calls: set[asyncio.Task] = set()
-        embeddings.on_reencoding = self.reencoding
+        embeddings.reencoder.on_announced = self.reencoding
 
     def idle_for(self, items: Sequence[MediaSource]) -> None:
         """The engine has nothing to run until rows of `items` (still encoding) arrive."""
