@@ -66,7 +66,7 @@ class Reencoder:
                 self.encoders.channel(address),
                 request,
                 self.timeout_seconds,
-                lambda: self.on_announced(address, content_hash),
+                lambda: self._announced(address, content_hash),
             )
         )
         self._calls[key] = task
@@ -76,3 +76,10 @@ class Reencoder:
             if self._calls.get(key) is task:
                 del self._calls[key]
         return True
+
+    def _announced(self, address: str, content_hash: str) -> None:
+        """Advisory: a listener's error never fails the encode the fetch waits for."""
+        try:
+            self.on_announced(address, content_hash)
+        except Exception:
+            log.exception("telling of item %s in flight on %s failed", content_hash, address)

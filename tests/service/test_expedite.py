@@ -106,6 +106,26 @@ def test_an_item_the_decoder_sends_again_is_expedited_once_in_flight(
     assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
 
 
+def test_a_failing_listener_of_the_announcement_does_not_fail_the_fetch(
+    demo_model_dir, cluster, reference, caplog
+):
+    """The announcement is advisory: a listener that raises (a bug injected) is logged,
+    and the item sent again is still fetched and the request answered exactly."""
+    address = cluster.address("encoder")
+    family, builder = decoder_family(demo_model_dir)
+    prompt = [("user", ["Once more:", noise_image(7303, 40, 40), "What is in it?"])]
+    spec = decode_spec(family, builder, address, 2, prompt, 16)
+    engine = in_process_engine(family, ["--model", str(demo_model_dir), "--encoders", address])
+
+    def failing(address: str, content_hash: str) -> None:
+        raise RuntimeError("injected fault in the announcement's listener")
+
+    engine.embeddings.reencoder.on_announced = failing
+    (tokens,) = asyncio.run(asyncio.wait_for(run_all(engine, [spec]), 120))
+    assert "injected fault in the announcement's listener" in caplog.text
+    assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
+
+
 def test_an_expedite_beyond_its_bounds_is_refused_and_the_encoder_serves_on(waiting_encoder):
     with grpc.insecure_channel(waiting_encoder.address("encoder")) as channel:
         stub = encoder_pb2_grpc.EncoderServiceStub(channel)
