@@ -29,10 +29,11 @@ still idles for there.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -48,6 +49,20 @@ log = logging.getLogger("tessera.decoder")
 EXPEDITE_TIMEOUT_SECONDS = 1.0
 
 
+def _advisory(method: Callable[..., None]) -> Callable[..., None]:
+    """An error in telling the encoders is logged, never raised: the engine's step, which
+    calls these, would otherwise fail every request it holds for a hint."""
+
+    @functools.wraps(method)
+    def guarded(*args, **kwargs) -> None:
+        try:
+            method(*args, **kwargs)
+        except Exception:
+            log.exception("Expedite bookkeeping failed (advisory: the engine goes on)")
+
+    return guarded
+
+
 class EncoderExpediter:
     """What this decoder told each encoder it idles for, and the calls that told it."""
 
@@ -61,6 +76,7 @@ class EncoderExpediter:
         self._calls: set[asyncio.Task] = set()
         embeddings.reencoder.on_announced = self.reencoding
 
+    @_advisory
     def idle_for(self, items: Sequence[MediaSource]) -> None:
         """The engine has nothing to run until rows of `items` (still encoding) arrive."""
         if self.embeddings.colocated is not None:
@@ -69,12 +85,14 @@ class EncoderExpediter:
         for address, content_hashes in self._by_address().items():
             self._tell(address, content_hashes)
 
+    @_advisory
     def not_idle(self) -> None:
         """The engine has work again, or nothing waits."""
         self._idle_for = ()
         for address in list(self._told):
             self._tell(address, frozenset())
 
+    @_advisory
     def reencoding(self, address: str, content_hash: str) -> None:
         """`address` has in flight an item this decoder sent it again: if the engine idles
         for it, that encoder hears so again (it ignored the item until now)."""

@@ -8,8 +8,14 @@ from dataclasses import replace
 
 from decoder_service.request import DecodeSpec, SamplingOptions
 from decoder_service.servicer import engine_stats_to_proto
-from tessera.testbed.reference import to_chat_inputs
-from tests.service.test_engine import TEXT_PROMPTS, decoder_family, in_process_engine, run_all
+from tessera.testbed.reference import noise_image, to_chat_inputs
+from tests.service.test_engine import (
+    TEXT_PROMPTS,
+    decode_spec,
+    decoder_family,
+    in_process_engine,
+    run_all,
+)
 
 SAMPLING = SamplingOptions(max_tokens=4, ignore_eos=True)
 
@@ -83,3 +89,30 @@ def test_an_error_in_a_step_fails_the_requests_it_held_and_is_counted(demo_model
     assert not engine.scheduler.has_work() and kv.stats().num_free_blocks == kv.num_blocks
     clean = in_process_engine(family, flags)
     assert served == asyncio.run(run_all(clean, [replace(later, request_id="clean")]))[0]
+
+
+def test_an_error_in_telling_the_encoders_fails_no_request(demo_model_dir, caplog):
+    """Expedite is advisory: its bookkeeping raising (a bug injected where it looks up an
+    item's encoder) is logged, and the idle and no-longer-idle calls return normally, so
+    the engine's step does not fail the requests it holds for a hint."""
+    family, builder = decoder_family(demo_model_dir)
+    engine = in_process_engine(
+        family, ["--model", str(demo_model_dir), "--encoders", "127.0.0.1:1"]
+    )
+    prompt = [("user", ["Look:", noise_image(7304, 40, 40), "What is in it?"])]
+    (item,) = decode_spec(family, builder, "127.0.0.1:1", 0, prompt, 16).items
+
+    def failing(item) -> str:
+        raise RuntimeError("injected fault in computing_at")
+
+    engine.embeddings.computing_at = failing
+    expediter = engine.prefetcher.expediter
+
+    async def scenario() -> None:
+        expediter.idle_for([item])
+        expediter.reencoding("127.0.0.1:1", item.range.content_hash)
+        expediter.not_idle()
+
+    asyncio.run(scenario())
+    assert caplog.text.count("RuntimeError: injected fault in computing_at") == 2
+    assert expediter.num_calls == 0
