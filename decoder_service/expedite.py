@@ -74,7 +74,6 @@ class EncoderExpediter:
         self._told: dict[str, frozenset[str]] = {}  # encoder address -> what it last heard
         self._idle_for: tuple[MediaSource, ...] = ()  # since the last `idle_for`, if idle
         self._calls: set[asyncio.Task] = set()
-        embeddings.reencoder.on_announced = self.reencoding
 
     @_advisory
     def idle_for(self, items: Sequence[MediaSource]) -> None:
