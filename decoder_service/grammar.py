@@ -27,7 +27,8 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy  # not llguidance.torch: its import runs torch.compile's stack (~3 s)
+import numpy
 import torch
 
 from tessera.grammar_spec import (  # noqa: F401 (the engine's entry points, re-exported)
@@ -60,15 +61,16 @@ class GrammarMatcher:
     def __init__(self, matcher: llguidance.LLMatcher, tokenizer_vocab_size: int):
         self._matcher = matcher
         self._tokenizer_vocab_size = tokenizer_vocab_size
-        self._bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer_vocab_size)
+        # llguidance fills the numpy array; torch reads the same memory (from_numpy).
+        self._words = llguidance.numpy.allocate_token_bitmask(1, tokenizer_vocab_size)
 
     def allowed_tokens(self, vocab_size: int) -> torch.Tensor:
         """A bool mask over the model's `vocab_size` logits: True where the grammar lets
         the token come next. Ids the tokenizer does not have (a model's vocabulary is often
         padded past it) are never allowed."""
         self._raise_if_error()
-        llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
-        return self._unpack(self._bitmask[0], vocab_size)
+        llguidance.numpy.fill_next_token_bitmask(self._matcher, self._words, 0)
+        return self._unpack(torch.from_numpy(self._words)[0], vocab_size)
 
     def _unpack(self, words: torch.Tensor, vocab_size: int) -> torch.Tensor:
         # Unpacked here rather than with llguidance.torch.apply_token_bitmask_inplace,
@@ -107,9 +109,10 @@ def allowed_tokens_batch(matchers: Sequence[GrammarMatcher], vocab_size: int) ->
     for matcher in matchers:
         matcher._raise_if_error()
     vocab = max(m._tokenizer_vocab_size for m in matchers)
-    bitmask = llguidance.torch.allocate_token_bitmask(len(matchers), vocab)
+    words: numpy.ndarray = llguidance.numpy.allocate_token_bitmask(len(matchers), vocab)
     pairs = [(matcher._matcher, row) for row, matcher in enumerate(matchers)]
-    llguidance.torch.fill_next_token_bitmask_par(_executor(), pairs, bitmask)
+    llguidance.numpy.fill_next_token_bitmask_par(_executor(), pairs, words)
+    bitmask = torch.from_numpy(words)
     width = bitmask.shape[1]
     return [
         m._unpack(bitmask[row, : min(width, -(-m._tokenizer_vocab_size // 32))], vocab_size)
