@@ -13,10 +13,18 @@ from tessera.config_common import (
     add_replica_flags,
     add_served_model_name_flag,
     config_from_args,
+    env_default,
 )
 from tessera.linear_kernels import AUTO, LINEAR_KERNELS
 from tessera.metrics import add_metrics_flag
 from tessera.tls import TlsFiles, add_tls_flags
+
+
+def _linear_kernel(value: str) -> str:
+    if value not in LINEAR_KERNELS:
+        raise SystemExit(f"TESSERA_LINEAR_KERNEL={value!r}: use one of {', '.join(LINEAR_KERNELS)}")
+    return value
+
 
 # Only the gateway generates: it builds the prompt and owns the request's leases.
 DECODER_ACCESS = AccessRules(
@@ -222,11 +230,11 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--linear-kernel",
         choices=LINEAR_KERNELS,
-        default=AUTO,
+        default=env_default("TESSERA_LINEAR_KERNEL", AUTO, _linear_kernel),
         help="on a CPU in float32, what runs the language model's linear layers: torch's "
         "matmul, oneDNN with each weight packed once at load, or auto: both timed on each "
         "weight shape at load, oneDNN where it is faster on this host (docs/benchmarks.md); "
-        "the two differ only in the last bits",
+        "the two differ only in the last bits (env TESSERA_LINEAR_KERNEL)",
     )
     parser.add_argument(
         "--max-prefetch-bytes",

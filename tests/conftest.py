@@ -6,6 +6,7 @@ services start once per test session and every service test shares them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,14 @@ import pytest
 from tessera.launcher import free_port
 from tessera.testbed.cluster import Cluster
 from tessera.testbed.devices import DTYPES, RunOn
+
+
+def pytest_configure(config) -> None:
+    """Decoders the tests start run torch's linears unless a test names a kernel (the
+    session's decoder: oneDNN). `auto`, the default, times both kernels at load after
+    waiting for a quiet host, seconds of every stack's start, and chooses by host;
+    tests/unit/test_linear_choice.py tests it. Child processes inherit the variable."""
+    os.environ.setdefault("TESSERA_LINEAR_KERNEL", "torch")
 
 
 def pytest_addoption(parser) -> None:

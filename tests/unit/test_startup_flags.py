@@ -298,3 +298,17 @@ def test_a_colocated_encoder_batches_as_the_encoder_service_would_on_its_device(
         return ColocatedEncoder(HeldFamily(), 1 << 20, 1000, device).core.batcher.max_batch_items
 
     assert (batch_items("cpu"), batch_items("cuda")) == (1, 16)
+
+
+def test_the_linear_kernel_takes_its_default_from_the_environment(monkeypatch):
+    """TESSERA_LINEAR_KERNEL sets the default (tests/conftest.py sets torch for the
+    decoders the tests start); a flag wins; a bad value says what to use."""
+    monkeypatch.delenv("TESSERA_LINEAR_KERNEL", raising=False)
+    assert decoder_parser().parse_args(["--model", "m"]).linear_kernel == "auto"
+    monkeypatch.setenv("TESSERA_LINEAR_KERNEL", "onednn")
+    assert decoder_parser().parse_args(["--model", "m"]).linear_kernel == "onednn"
+    flagged = decoder_parser().parse_args(["--model", "m", "--linear-kernel", "torch"])
+    assert flagged.linear_kernel == "torch"
+    monkeypatch.setenv("TESSERA_LINEAR_KERNEL", "fast")
+    with pytest.raises(SystemExit, match="TESSERA_LINEAR_KERNEL='fast': use one of"):
+        decoder_parser()
