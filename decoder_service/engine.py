@@ -33,7 +33,7 @@ from decoder_service.sampler import SamplerRow, TokenCounts, needs_counts, sampl
 from decoder_service.scheduler import ScheduledChunk, Scheduler
 from tessera.adapters import ModelFamily
 from tessera.compute_thread import compute_thread
-from tessera.loop_guard import error_backoff_seconds
+from tessera.loop_guard import run_guarded
 from tessera.thread_governor import ThreadGovernor
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 
@@ -167,16 +167,7 @@ class Engine:
         """Steps while there is work and sleeps until a request arrives when there is
         none. Nothing raised in here may end the loop: every request, running and yet to
         come, would then hang until its deadline with no word in the log."""
-        num_errors_in_a_row = 0
-        while True:
-            try:
-                await self._run_once()
-                num_errors_in_a_row = 0
-            except Exception:  # a bug, not a request's fault: fail them, keep serving
-                num_errors_in_a_row += 1
-                self._recover_from_error()
-                # An error that repeats must not spin the loop hot on its core.
-                await asyncio.sleep(error_backoff_seconds(num_errors_in_a_row))
+        await run_guarded(self._run_once, self._recover_from_error)
 
     async def _run_once(self) -> None:
         if self.scheduler.has_work():
@@ -191,6 +182,7 @@ class Engine:
             self.threads.restart()
 
     def _recover_from_error(self) -> None:
+        """A bug, not a request's fault: fail the requests held, keep serving."""
         log.exception("the engine's loop failed (a bug); failing the requests it held")
         self.counters.num_engine_errors += 1
         for request in list(self._requests.values()):

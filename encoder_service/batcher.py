@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from tessera.compute_thread import compute_thread
-from tessera.loop_guard import error_backoff_seconds
+from tessera.loop_guard import run_guarded
 
 log = logging.getLogger("tessera.encoder")
 
@@ -108,6 +108,7 @@ class Batcher(Generic[Item, Result]):
         self._arrived = asyncio.Event()
         self._hurried = False
         self._task: asyncio.Task[None] | None = None
+        self._taken: list[_Waiting[Item, Result]] = []  # the batch running, for `_fail_taken`
         # Called on the event loop around each batch's run (encoder_service.expedite).
         self._on_batch_start = on_batch_start
         self._on_batch_end = on_batch_end
@@ -141,24 +142,23 @@ class Batcher(Generic[Item, Result]):
         """Batch after batch. Nothing raised here may end the loop (every encode, queued
         and yet to come, would hang): the model's errors are the batch's outcomes; any
         other is a bug, logged, its batch failed, and the loop goes on after a pause."""
-        num_errors_in_a_row = 0
-        while True:
-            await self._gather()
-            batch = self._take_batch()
-            if not batch:
-                continue
-            try:
-                await self._run(batch)
-                num_errors_in_a_row = 0
-            except Exception:
-                num_errors_in_a_row += 1
-                log.exception("the encode batcher failed (a bug); failing its batch")
-                self.stats.num_errors += 1
-                error = RuntimeError("internal error in the encoder's batcher (logged)")
-                for waiting in batch:
-                    if not waiting.future.done():
-                        waiting.future.set_exception(error)
-                await asyncio.sleep(error_backoff_seconds(num_errors_in_a_row))
+        await run_guarded(self._turn, self._fail_taken)
+
+    async def _turn(self) -> None:
+        await self._gather()
+        self._taken = self._take_batch()
+        if self._taken:
+            await self._run(self._taken)
+        self._taken = []
+
+    def _fail_taken(self) -> None:
+        log.exception("the encode batcher failed (a bug); failing its batch")
+        self.stats.num_errors += 1
+        error = RuntimeError("internal error in the encoder's batcher (logged)")
+        for waiting in self._taken:
+            if not waiting.future.done():
+                waiting.future.set_exception(error)
+        self._taken = []
 
     async def _run(self, batch: list[_Waiting[Item, Result]]) -> None:
         self.stats.record(len(batch))
