@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -47,11 +48,24 @@ _TLS_FLAGS = {"--tls-cert-file", "--tls-key-file", "--tls-ca-file"}
 METRICS_FLAG = "--metrics-port"
 
 
+class Process(Protocol):
+    """What `Child` needs of a process: `subprocess.Popen`'s, or a test's forked
+    service (tessera.testbed.zygote)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, signum: int) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass
 class Child:
     name: str
     address: str
-    process: subprocess.Popen
+    process: Process
 
 
 @dataclass(frozen=True)

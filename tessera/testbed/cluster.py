@@ -12,40 +12,51 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from tessera.launcher import Child, free_port, stop_children, wait_healthy
+from tessera.launcher import Child, Process, free_port, stop_children, wait_healthy
+from tessera.testbed.zygote import Zygote
 from tessera.tls import TlsFiles, tls_args
 
 READY_TIMEOUT_SECONDS = 180.0
+CLI = [sys.executable, "-m", "tessera.cli"]
 
 
 @dataclass
 class Cluster:
     """Processes started together; `address(name)` finds one. `client_tls`: the files
-    the test's own health checks present (services with mutual TLS want one)."""
+    the test's own health checks present (services with mutual TLS want one).
+
+    `zygote`, when set (the test suite sets it for its session), forks every service
+    from one process that imported their modules once instead of starting it cold;
+    `cold` starts this cluster's as `python -m tessera.cli` all the same (for a test of
+    what the process itself shows, such as its command line)."""
+
+    zygote: ClassVar[Zygote | None] = None
 
     children: list[Child] = field(default_factory=list)
     logs: dict[str, Path] = field(default_factory=dict)
     commands: dict[str, list[str]] = field(default_factory=dict)
     client_tls: TlsFiles | None = None
+    cold: bool = False
 
     def start(self, name: str, service: str, args: list[str]) -> str:
         """Starts `tessera <service> <args> --port <free>`; returns its address."""
         address = f"127.0.0.1:{free_port()}"
-        command = [sys.executable, "-m", "tessera.cli", service, *args]
+        command = [*CLI, service, *args]
         self.commands[name] = [*command, "--port", address.split(":")[1]]
         self.children.append(Child(name, address, self._spawn(name)))
         return address
 
-    def _spawn(self, name: str) -> subprocess.Popen:
+    def _spawn(self, name: str) -> Process:
         log_path = Path(tempfile.mkdtemp(prefix=f"tessera-{name}-")) / "log.txt"
         self.logs[name] = log_path
-        return subprocess.Popen(
-            self.commands[name],
-            stdout=log_path.open("w"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "TESSERA_LOG_LEVEL": "INFO"},
-        )
+        env = {**os.environ, "TESSERA_LOG_LEVEL": "INFO"}
+        command = self.commands[name]
+        if self.zygote is not None and not self.cold:
+            return self.zygote.spawn(command[len(CLI) :], log_path, env, argv0=command[0])
+        log = log_path.open("w")
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def kill(self, name: str) -> None:
         """SIGKILL, as a crash."""

@@ -207,7 +207,7 @@ def encoders(demo_model_dir, secure_redis, tls, secrets) -> Iterator[Cluster]:
     """`secure`: the right password and the fleet's MAC key, and a memory cache that
     keeps nothing, so every read after the first Encode goes to Redis. `refused`: a wrong
     password and no MAC key."""
-    own = Cluster()
+    own = Cluster(cold=True)  # a process of its own: a test reads its command line
     model = ["--model", str(demo_model_dir)]
     try:
         own.start(
