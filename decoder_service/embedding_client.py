@@ -167,10 +167,11 @@ class EmbeddingClient:
 
     def computing_at(self, item: MediaSource) -> str | None:
         """The encoder that computes `item` for this decoder: where it sent the item
-        again (its first choice lost it), else its first choice; None without encoders."""
+        again (its first choice lost it) or where a fetch moved on to (the ones before
+        failed), else its first choice; None without encoders."""
         order = self.order(item)
-        resent = self.reencoder.sent_to(order, item.range.content_hash)
-        return resent or (order[0] if order else None)
+        elsewhere = self.reencoder.computing_at(order, item.range.content_hash)
+        return elsewhere or (order[0] if order else None)
 
     async def fetch_chunk(
         self, request_id: str, items: Sequence[MediaSource], slices: Sequence[ChunkSlice]
@@ -281,9 +282,10 @@ class EmbeddingClient:
             return FetchedRows(chunk_slice, local.rows, local.num_bytes, local.encoded)
         self.require_encoders()
         errors = []
-        for address in self.order(item):
+        for position, address in enumerate(self.order(item)):
             try:
-                return await self._fetch_from(address, request_id, item, chunk_slice)
+                with self.reencoder.fetching(address, item.range.content_hash, position > 0):
+                    return await self._fetch_from(address, request_id, item, chunk_slice)
             except UnknownReplicaError:  # it left the set while earlier ones were tried
                 continue
             except ChannelPoolFullError as error:

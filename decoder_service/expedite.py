@@ -20,10 +20,13 @@ sequence number, so one overtaken on the way is ignored.
 An encoder ignores items it does not have in flight. When the first choice lost an item
 and this decoder sends it again (to it or the next encoder), the item computes where it
 was sent: that encoder hears, as soon as it has the item in flight, what this decoder
-still idles for there.
+still idles for there. When the first choice is down, the gateway's Encode and the
+decoder's fetch both move on to the next encoder: that one hears it as the fetch gets
+there (decoder_service.reencode).
 
     idle for A (e1 lost it)              -> e1: [A] (ignored: not in flight there)
     A sent to e1 again, in flight        -> e1: [A] (again, now heard)
+    idle for B (e1 down, fetched at e2)  -> e2: [B]
 """
 
 from __future__ import annotations
@@ -92,9 +95,10 @@ class EncoderExpediter:
             self._tell(address, frozenset())
 
     @_advisory
-    def reencoding(self, address: str, content_hash: str) -> None:
-        """`address` has in flight an item this decoder sent it again: if the engine idles
-        for it, that encoder hears so again (it ignored the item until now)."""
+    def now_computing(self, address: str, content_hash: str) -> None:
+        """`address` now computes an item for this decoder (sent it again, or a fetch moved
+        on to it): if the engine idles for it, that encoder hears so, again if it heard
+        before (it ignored the item until it had it in flight)."""
         if not any(item.range.content_hash == content_hash for item in self._idle_for):
             return
         content_hashes = self._by_address().get(address, frozenset())  # none: it left

@@ -115,7 +115,7 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
     # Rows usually arrive as float32; the bound is an estimate, not an exact count.
     prefetcher = Prefetcher(embeddings, config.max_prefetch_bytes, row_width * 4)
     # An item the decoder sends again is named to its encoder once in flight there.
-    embeddings.reencoder.on_announced = prefetcher.expediter.reencoding
+    embeddings.reencoder.on_announced = prefetcher.expediter.now_computing
     threads = None
     if config.adapt_torch_threads and family.device.type == "cpu":
         # At most what --torch-threads gives, not the pool's size now: an earlier engine's

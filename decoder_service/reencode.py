@@ -7,13 +7,20 @@ find it missing on the same encoder wait for that one call instead of sending th
 The call is made as the gateway makes it (`tessera.encode_call`), so `on_announced`
 hears as soon as the encoder has the item in flight (decoder_service.expedite names it
 to that encoder then).
+
+A fetch that moves on past encoders that failed (down, unreachable) finds the item where
+the gateway's Encode went when it met the same failures: the next encoder of the same
+order. While such a fetch waits there, that encoder computes the item for this decoder,
+and `on_announced` hears of it as it moves on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from decoder_service.request import MediaSource
 from tessera.encode_call import encode_announced
@@ -25,7 +32,8 @@ log = logging.getLogger("tessera.decoder.fetch")
 
 
 class Reencoder:
-    """The Encode calls this decoder has in flight, by (encoder address, content_hash)."""
+    """The Encode calls this decoder has in flight, and the fetches it moved on past a
+    failed encoder, by (encoder address, content_hash)."""
 
     def __init__(
         self, encoders: ReplicaSet, lease_ms: int, timeout_seconds: float, model_fingerprint: str
@@ -40,10 +48,31 @@ class Reencoder:
         # flight.
         self.on_announced: Callable[[str, str], None] = lambda address, content_hash: None
         self._calls: dict[tuple[str, str], asyncio.Future] = {}
+        self._moved: Counter[tuple[str, str]] = Counter()
 
-    def sent_to(self, order: Sequence[str], content_hash: str) -> str | None:
-        """The first address of `order` this decoder has the item's Encode in flight at."""
-        return next((a for a in order if (a, content_hash) in self._calls), None)
+    def computing_at(self, order: Sequence[str], content_hash: str) -> str | None:
+        """The first address of `order` that computes the item for this decoder other than
+        by default: its Encode from this decoder is in flight there, or a fetch of it
+        moved on to there."""
+        keys = ((address, content_hash) for address in order)
+        return next((key[0] for key in keys if key in self._calls or self._moved[key]), None)
+
+    @contextmanager
+    def fetching(self, address: str, content_hash: str, moved: bool) -> Iterator[None]:
+        """A fetch of the item from `address`; `moved`: the encoders before it in the
+        item's order failed, so the item computes here."""
+        if not moved:
+            yield
+            return
+        key = (address, content_hash)
+        self._moved[key] += 1
+        self._announced(address, content_hash)
+        try:
+            yield
+        finally:
+            self._moved[key] -= 1
+            if not self._moved[key]:
+                del self._moved[key]
 
     async def encode_once(self, address: str, request_id: str, item: MediaSource) -> bool:
         """Sends the item to `address` to be encoded, unless a fetch of another chunk is

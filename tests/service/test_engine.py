@@ -105,15 +105,17 @@ def decoder_family(model_dir) -> tuple:
     return family, PromptBuilder(family, MediaLimits(10**8), 16)
 
 
-def decode_spec(family, builder, encoder: str, index: int, prompt, chunk: int):
-    """The decode request the gateway would send, as the decoder's servicer reads it."""
+def decode_spec(family, builder, encoder: str | list[str], index: int, prompt, chunk: int):
+    """The decode request the gateway would send, as the decoder's servicer reads it;
+    `encoder`: where the gateway sent the items (a list: in that order)."""
+    hints = [encoder] if isinstance(encoder, str) else encoder
     built = builder.build(to_chat_inputs(prompt))
     message = decoder_pb2.DecodeRequest(
         request_id=f"mixed-{index}",
         prompt_token_ids=built.token_ids,
         items=[
             decoder_pb2.MediaSource(
-                range=range_to_proto(item.range), encoder_addresses=[encoder], data=item.data
+                range=range_to_proto(item.range), encoder_addresses=hints, data=item.data
             )
             for item in built.items
         ],

@@ -110,7 +110,7 @@ def test_an_error_in_telling_the_encoders_fails_no_request(demo_model_dir, caplo
 
     async def scenario() -> None:
         expediter.idle_for([item])
-        expediter.reencoding("127.0.0.1:1", item.range.content_hash)
+        expediter.now_computing("127.0.0.1:1", item.range.content_hash)
         expediter.not_idle()
 
     asyncio.run(scenario())

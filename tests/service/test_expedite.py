@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from tessera.encode_call import encode_announced
+from tessera.launcher import free_port
 from tessera.testbed.cluster import Cluster
 from tessera.testbed.reference import assert_greedy_match, noise_image, to_chat_inputs
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
@@ -39,6 +40,32 @@ def waiting_encoder(demo_model_dir):
         own.stop()
 
 
+def encoded_by_the_gateway_then_run(
+    address: str, family, item, engine, spec
+) -> tuple[list[int], encoder_pb2.EncoderStats, encoder_pb2.EncoderStats]:
+    """The gateway's part: the item sent to `address` to be encoded, and the decode
+    request run once the item is in flight there; the tokens, and the encoder's stats
+    after and before."""
+
+    async def scenario():
+        announced = asyncio.Event()
+        request = encoder_pb2.EncodeRequest(
+            items=[media_item_to_proto(item.range, item.data, item.options)],
+            model_fingerprint=family.fingerprint,
+        )
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = encoder_pb2_grpc.EncoderServiceStub(channel)
+            before = await stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
+            encode = asyncio.create_task(encode_announced(channel, request, 120, announced.set))
+            await asyncio.wait_for(announced.wait(), 60)
+            (tokens,) = await asyncio.wait_for(run_all(engine, [spec]), 120)
+            await encode
+            after = await stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
+        return tokens, after, before
+
+    return asyncio.run(scenario())
+
+
 def test_an_idle_decoder_has_the_item_it_waits_for_encoded_at_once(
     demo_model_dir, waiting_encoder, reference
 ):
@@ -49,29 +76,33 @@ def test_an_idle_decoder_has_the_item_it_waits_for_encoded_at_once(
     (item,) = builder.build(to_chat_inputs(prompt)).items
     spec = decode_spec(family, builder, address, 0, prompt, 16)
     engine = in_process_engine(family, ["--model", str(demo_model_dir), "--encoders", address])
-
-    async def scenario() -> list[int]:
-        # The gateway's part: the decode request goes out once the item is in flight.
-        announced = asyncio.Event()
-        request = encoder_pb2.EncodeRequest(
-            items=[media_item_to_proto(item.range, item.data, item.options)],
-            model_fingerprint=family.fingerprint,
-        )
-        async with grpc.aio.insecure_channel(address) as channel:
-            encode = asyncio.create_task(encode_announced(channel, request, 120, announced.set))
-            await asyncio.wait_for(announced.wait(), 60)
-            (tokens,) = await asyncio.wait_for(run_all(engine, [spec]), 120)
-            await encode
-            stats = await encoder_pb2_grpc.EncoderServiceStub(channel).GetStats(
-                encoder_pb2.GetEncoderStatsRequest(), timeout=10
-            )
-        assert stats.num_items_computed == 1
-        assert stats.num_expedite_calls == 1 and stats.num_expedited_batches == 1
-        return tokens
-
-    tokens = asyncio.run(scenario())
+    tokens, after, before = encoded_by_the_gateway_then_run(address, family, item, engine, spec)
+    assert after.num_items_computed - before.num_items_computed == 1
+    assert after.num_expedite_calls - before.num_expedite_calls == 1
+    assert after.num_expedited_batches - before.num_expedited_batches == 1
     # Idle for the item, then (its rows in, its prompt to run) no longer idle.
     assert engine.prefetcher.expediter.num_calls == 2
+    assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
+
+
+def test_an_item_fetched_past_an_encoder_that_is_down_is_expedited_where_it_computes(
+    demo_model_dir, waiting_encoder, reference
+):
+    """The first encoder of the item's order is down (nothing listens there): the
+    gateway's Encode went to the next one, and the decoder's fetch moves on to it. That
+    encoder hears that the decoder idles for the item (before, only the first choice was
+    named, the call failed, and the item waited its ten minutes)."""
+    address = waiting_encoder.address("encoder")
+    down = f"127.0.0.1:{free_port()}"
+    family, builder = decoder_family(demo_model_dir)
+    prompt = [("user", ["Past it:", noise_image(7304, 40, 40), "What is in it?"])]
+    (item,) = builder.build(to_chat_inputs(prompt)).items
+    spec = decode_spec(family, builder, [down, address], 3, prompt, 16)
+    flags = ["--model", str(demo_model_dir), "--encoders", f"{down},{address}"]
+    engine = in_process_engine(family, flags)
+    tokens, after, before = encoded_by_the_gateway_then_run(address, family, item, engine, spec)
+    assert after.num_items_computed - before.num_items_computed == 1
+    assert after.num_expedited_batches - before.num_expedited_batches == 1
     assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
 
 
