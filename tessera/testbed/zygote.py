@@ -11,9 +11,12 @@ What a forked service runs is `tessera.cli.main(args)`, the entry a cold process
 after the same imports, with the caller's environment, working directory and log file;
 only the interpreter start and the imports are shared. The zygote imports and nothing
 more: no model, no event loop, no thread but the idle OpenBLAS pool numpy starts at
-import (which OpenBLAS itself prepares for a fork). `tessera serve`, the fleets on test
-hosts and the benchmarks start services cold, and tests/integration and
-tests/deploy/test_serve_fleet.py run that path.
+import (which OpenBLAS itself prepares for a fork). What forks share that cold
+processes would not: the seed of `hash()` for str and bytes (nothing in Tessera compares
+`hash()` across processes: routing and content hashes are hashlib's) and what the
+imports read from the environment (the zygote's is the suite's own). `tessera serve`,
+the fleets on test hosts and the benchmarks start services cold, and tests/integration
+and tests/deploy/test_serve_fleet.py run that path.
 
 The zygote speaks JSON lines (nothing is unpickled). Asked on its stdin
 `{"args": [...], "env": {...}, "cwd": "...", "log": "..."}`, it forks and answers
