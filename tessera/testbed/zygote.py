@@ -35,21 +35,23 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Queue
 
 from tessera.architectures import FAMILY_CLASSES
 
-# What every service imports before it loads a checkpoint: the services' modules and
-# each family's adapter (which import torch, torchvision, transformers and grpc).
+# What every service imports before it loads a checkpoint: the services' modules, each
+# family's adapter (which import torch, torchvision, transformers and grpc) and model
+# classes (which transformers loads lazily), as "module" or "module:attribute".
 PRELOAD = (
     "tessera.cli",
     "encoder_service.main",
     "decoder_service.main",
     "gateway.main",
     *sorted({name.split(":")[0] for name in FAMILY_CLASSES.values()}),
+    *(f"transformers:{architecture}" for architecture in FAMILY_CLASSES),
 )
 
 
@@ -93,8 +95,9 @@ class ForkedProcess:
 @dataclass(eq=False)
 class Zygote:
     """The test process's side: starts the zygote on the first `spawn` and keeps its
-    reports. Thread-safe."""
+    reports. Thread-safe. `preload`: what the zygote imports (PRELOAD's form)."""
 
+    preload: tuple[str, ...] = PRELOAD
     _process: subprocess.Popen | None = None
     _spawned: Queue = field(default_factory=Queue)
     _exits: dict[int, int] = field(default_factory=dict)
@@ -148,7 +151,7 @@ class Zygote:
     def _started(self) -> subprocess.Popen:
         if self._process is None:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "tessera.testbed.zygote"],
+                [sys.executable, "-m", "tessera.testbed.zygote", *self.preload],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -161,7 +164,12 @@ class Zygote:
 
     def _read_reports(self) -> None:
         for line in self._process.stdout:
-            report = json.loads(line)
+            try:
+                report = json.loads(line)
+            except ValueError:
+                sys.stderr.write(f"the zygote wrote what is no report, {line!r}; stopping\n")
+                self._process.kill()
+                break
             if "spawned" in report:
                 self._spawned.put(report["spawned"])
             else:
@@ -177,38 +185,47 @@ class Zygote:
 # -- the zygote process ------------------------------------------------------------------
 
 
-def _report(message: dict) -> None:
-    os.write(1, (json.dumps(message) + "\n").encode())
+def _report(reports: int, message: dict) -> None:
+    os.write(reports, (json.dumps(message) + "\n").encode())
 
 
-def _reap(children: set[int]) -> None:
+def _reap(children: set[int], reports: int) -> None:
     while children:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
             return
         children.discard(pid)
-        _report({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        _report(reports, {"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
 
 
-def _kill_all(children: set[int]) -> None:
+def _kill_all(children: set[int], reports: int) -> None:
     for pid in children:
         os.kill(pid, signal.SIGKILL)
     for pid in children:
         _, status = os.waitpid(pid, 0)
-        _report({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        _report(reports, {"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
 
 
-def serve_forks() -> dict:
-    """The zygote's loop: a fork per request. Returns only in a forked child, with the
-    request it is to run."""
+def _preload(names: Sequence[str]) -> None:
     import importlib
 
-    import transformers
+    for name in names:
+        module_name, _, attribute = name.partition(":")
+        module = importlib.import_module(module_name)
+        if attribute:
+            getattr(module, attribute)
 
-    for name in PRELOAD:
-        importlib.import_module(name)
-    for architecture in FAMILY_CLASSES:  # each family's model classes, which load lazily
-        getattr(transformers, architecture)
+
+def serve_forks(preload: Sequence[str]) -> dict:
+    """The zygote's loop: a fork per request. Returns only in a forked child, with the
+    request it is to run."""
+    # Reports go out on the stdout the zygote was given; whatever an import prints goes
+    # to stderr, never into them.
+    reports = os.dup(1)
+    os.dup2(2, 1)
+    _preload(preload)
+    sys.stdout.flush()  # what the imports printed, not into a child's log at its exit
+    sys.stderr.flush()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake select()
@@ -219,12 +236,12 @@ def serve_forks() -> dict:
         readable, _, _ = select.select([0, wake_read], [], [])
         if wake_read in readable:
             os.read(wake_read, 4096)
-            _reap(children)
+            _reap(children, reports)
         if 0 not in readable:
             continue
         data = os.read(0, 65536)
         if not data:
-            _kill_all(children)
+            _kill_all(children, reports)
             raise SystemExit(0)
         pending += data
         *lines, pending = pending.split(b"\n")
@@ -232,19 +249,20 @@ def serve_forks() -> dict:
             request = json.loads(line)
             pid = os.fork()
             if pid == 0:
-                _become_child(request, wake_read, wake_write)
+                _become_child(request, (wake_read, wake_write, reports))
                 return request
             children.add(pid)
-            _report({"spawned": pid})
+            _report(reports, {"spawned": pid})
 
 
-def _become_child(request: dict, wake_read: int, wake_write: int) -> None:
+def _become_child(request: dict, zygote_fds: tuple[int, ...]) -> None:
     """What a fresh `python -m tessera.cli` would have: default signal handling, its own
-    log file on stdout and stderr, no stdin, the caller's environment and directory."""
+    log file on stdout and stderr, no stdin, the caller's environment and directory, none
+    of the zygote's pipes."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.close(wake_read)
-    os.close(wake_write)
+    for fd in zygote_fds:
+        os.close(fd)
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     for target, source in ((0, null), (1, log), (2, log)):
@@ -257,13 +275,15 @@ def _become_child(request: dict, wake_read: int, wake_write: int) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.argv = [sys.modules["tessera.cli"].__file__, *request["args"]]
+    import tessera.cli
+
+    sys.argv = [tessera.cli.__file__, *request["args"]]
     if "numpy" in sys.modules:  # `random` reseeds itself after a fork; numpy does not
         sys.modules["numpy"].random.seed()
 
 
 if __name__ == "__main__":
-    child_request = serve_forks()
+    child_request = serve_forks(sys.argv[1:])
     from tessera.cli import main
 
     sys.exit(main(child_request["args"]))

@@ -57,6 +57,20 @@ def test_a_relative_path_is_the_callers_directory(forks, tmp_path, monkeypatch):
     assert (tmp_path / "made" / "config.json").exists()
 
 
+def test_what_an_import_prints_never_reaches_the_reports(tmp_path, capfd):
+    """`this` prints the Zen of Python on import: to the zygote's stderr, and its reports
+    still arrive (before, stdout carried both and the first report could not be read)."""
+    own = Zygote(preload=("this",))
+    try:
+        process, log = spawn(own, tmp_path, "make-demo-model", "x", "--family", "nope")
+        assert process.wait(120) == 2
+    finally:
+        own.close()
+    assert "invalid choice: 'nope'" in log.read_text()
+    assert "Beautiful is better than ugly" in capfd.readouterr().err
+    assert "Beautiful" not in log.read_text()  # nor left in a buffer the child flushes
+
+
 def serving_encoder(forks: Zygote, tmp_path, model_dir) -> tuple[ForkedProcess, object]:
     address = f"127.0.0.1:{free_port()}"
     args = ["encoder", "--model", str(model_dir), "--port", address.rsplit(":", 1)[1]]
