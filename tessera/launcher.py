@@ -27,45 +27,21 @@ import json
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from tessera.children import Child, start_child, stop_children, wait_healthy
 from tessera.cpus import shared_host_expedite_threads, shared_host_torch_threads, usable_cpus
-from tessera.tls import TlsFiles, sync_channel, tls_args
+from tessera.tls import TlsFiles, tls_args
 
 # Flags `serve` sets on the services itself; they cannot be passed through.
 _OWN_FLAGS = {"--model", "--port", "--host", "--encoders", "--decoders", "--metrics-port"}
 _TLS_FLAGS = {"--tls-cert-file", "--tls-key-file", "--tls-ca-file"}
 METRICS_FLAG = "--metrics-port"
-
-
-class Process(Protocol):
-    """What `Child` needs of a process: `subprocess.Popen`'s, or a test's forked
-    service (tessera.testbed.zygote)."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
-    def send_signal(self, signum: int) -> None: ...
-    def kill(self) -> None: ...
-
-
-@dataclass
-class Child:
-    name: str
-    address: str
-    process: Process
 
 
 @dataclass(frozen=True)
@@ -234,54 +210,6 @@ def torch_threads_flag(
             str(shared_host_expedite_threads(cpus, num_replicas)),
         ]
     return threads
-
-
-def wait_healthy(
-    children: list[Child], timeout_seconds: float, tls: TlsFiles | None = None
-) -> None:
-    """Until every child reports SERVING; `tls`: the client files to ask with."""
-    deadline = time.monotonic() + timeout_seconds
-    for child in children:
-        with sync_channel(child.address, tls) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                _stop_if_one_exited(children)
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"the {child.name} was not ready after {timeout_seconds:.0f}s")
-                time.sleep(0.2)
-
-
-def _stop_if_one_exited(children: list[Child]) -> None:
-    """Any child that exited while starting ends the start: it printed its own line (why);
-    this says which one, and that the others are stopped."""
-    for child in children:
-        if child.process.poll() is not None:
-            raise SystemExit(
-                f"tessera serve: the {child.name} failed to start (exit code "
-                f"{child.process.returncode}); stopping the others"
-            )
-
-
-def start_child(name: str, args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tessera.cli", name, *args])
-
-
-def stop_children(children: list[Child], grace_seconds: float = 15.0) -> None:
-    for child in children:
-        if child.process.poll() is None:
-            child.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    for child in children:
-        try:
-            child.process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.process.kill()
 
 
 class Watch:

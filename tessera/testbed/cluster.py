@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tessera.launcher import Child, Process, free_port, stop_children, wait_healthy
+from tessera.children import Child, Process, stop_children, wait_healthy
+from tessera.launcher import free_port
 from tessera.testbed.zygote import Zygote
 from tessera.tls import TlsFiles, tls_args
 

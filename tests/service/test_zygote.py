@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tessera.launcher import Child, free_port, wait_healthy
+from tessera.children import Child, wait_healthy
+from tessera.launcher import free_port
 from tessera.testbed.zygote import ForkedProcess, Zygote, ZygoteGoneError
 
 
