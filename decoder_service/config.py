@@ -59,6 +59,7 @@ class DecoderConfig:
     kv_cache_bytes: int
     kv_cache_memory_fraction: float
     block_size: int
+    decode_kv_mirror_bytes: int
     enable_prefix_caching: bool
     adapt_torch_threads: bool
     linear_kernel: str
@@ -213,6 +214,14 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         "instead of --kv-cache-bytes",
     )
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    parser.add_argument(
+        "--decode-kv-mirror-bytes",
+        type=int,
+        default=256 << 20,
+        help="memory for a contiguous copy of the decoding requests' keys and values, "
+        "updated one token a step, so that a step does not gather every context from the "
+        "paged cache; a batch that does not fit is gathered (0: always gather)",
+    )
     parser.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,

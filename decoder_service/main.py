@@ -93,6 +93,7 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         shape.head_dim,
         family.dtype,
         family.device,
+        config.decode_kv_mirror_bytes,
     )
     kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
     row_width = family.hidden_size * family.num_planes

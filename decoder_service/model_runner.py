@@ -74,20 +74,26 @@ class ModelRunner:
                     work.start,
                     table[:num_blocks],
                     self._bidirectional(work),
+                    work.request_id,
                 )
             )
             offset += work.num_tokens
 
         slots = torch.tensor(slot_mapping, dtype=torch.long, device=device)
-        metadata = AttentionMetadata.plan(slots, segments)
         media = PackedMedia(media_mask, torch.cat(extra_planes)) if extra_planes else None
-        hidden = family.forward(
-            embeds,
-            torch.cat(positions, dim=-1),
-            media,
-            tessera_metadata=metadata,
-            tessera_kv=self.store,
-        )
+        try:
+            metadata = AttentionMetadata.plan(slots, segments, self.store.mirror)
+            hidden = family.forward(
+                embeds,
+                torch.cat(positions, dim=-1),
+                media,
+                tessera_metadata=metadata,
+                tessera_kv=self.store,
+            )
+        except BaseException:
+            if self.store.mirror is not None:  # its rows may be written by some layers only
+                self.store.mirror.clear()
+            raise
         sampling = [i for i, item in enumerate(inputs) if item.chunk.samples]
         if not sampling:
             return [None] * len(inputs)

@@ -6,7 +6,8 @@ transformers' AttentionInterface, writes each new token's K/V into its slot of t
 paged store, then attends each request's queries to its own context (gathered through
 its block table, whole blocks at a time) with a causal offset: a query at position p sees
 keys at positions <= p. The step's decode tokens (one query each) are attended together
-in one call (`DecodeBatch`); prefill chunks one by one.
+in one call (`DecodeBatch`), over the contexts the decode mirror keeps between steps
+(`decode_mirror.py`; gathered here when it does not); prefill chunks one by one.
 
 Two rules widen or narrow that, as the model's own mask does (Gemma 3):
 - inside a bidirectional item `[s, e)` a query sees every key of the item;
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 
+from decoder_service.decode_mirror import DecodeMirror, MirrorStep
+
 ATTENTION_NAME = "tessera_paged"
 
 
@@ -39,6 +42,7 @@ class Segment:
     block_table: tuple[int, ...]
     # Position ranges [start, end) of items whose tokens see each other both ways.
     bidirectional: tuple[tuple[int, int], ...] = ()
+    request_id: str = ""  # names its row in the decode mirror (none: gathered)
 
     @property
     def num_new(self) -> int:
@@ -68,18 +72,30 @@ class DecodeBatch:
     query_indices: torch.Tensor  # [B] packed index of each query
     block_tables: torch.Tensor  # [B, max_blocks]
     context_lens: torch.Tensor  # [B] keys each query sees (its own position + 1)
+    # Set: the keys and values come from the decode mirror's rows (this order), not a
+    # gather of the block tables.
+    mirror: MirrorStep | None = None
     # Sliding window (None: none) -> [B, 1, 1, max_blocks * block_size] visible keys.
     # Built on the first layer that asks and shared by the others.
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def of(cls, segments: Sequence[Segment], device: torch.device) -> DecodeBatch:
+    def of(
+        cls, segments: Sequence[Segment], device: torch.device, mirror: DecodeMirror | None
+    ) -> DecodeBatch:
         width = max(len(s.block_table) for s in segments)
+        step = None
+        if mirror is not None:
+            ids = [s.request_id for s in segments]
+            step = mirror.plan(ids, segments, width * mirror.block_size)
+            if step is not None:
+                segments = [segments[i] for i in step.order]
         tables = [(*s.block_table, *[0] * (width - len(s.block_table))) for s in segments]
         return cls(
             torch.tensor([s.query_start for s in segments], device=device),
             torch.tensor(tables, dtype=torch.long, device=device),
             torch.tensor([s.num_context for s in segments], device=device),
+            step,
         )
 
     def mask(self, block_size: int, sliding_window: int | None) -> torch.Tensor:
@@ -102,12 +118,20 @@ class AttentionMetadata:
     decode: DecodeBatch | None = None
 
     @classmethod
-    def plan(cls, slot_mapping: torch.Tensor, segments: Sequence[Segment]) -> AttentionMetadata:
+    def plan(
+        cls,
+        slot_mapping: torch.Tensor,
+        segments: Sequence[Segment],
+        mirror: DecodeMirror | None = None,
+    ) -> AttentionMetadata:
         """Splits a step's segments into the decode batch and the rest; every tensor the
-        layers need is made here, once per step."""
+        layers need is made here, once per step (and with a `mirror`, its step planned:
+        every forward, decodes or none)."""
         device = slot_mapping.device
         decode = [s for s in segments if s.is_decode]
-        batch = DecodeBatch.of(decode, device) if decode else None
+        batch = DecodeBatch.of(decode, device, mirror) if decode else None
+        if mirror is not None and not decode:
+            mirror.plan((), (), 0)  # rows of requests absent from a forward are not kept
         prefill = tuple(s for s in segments if not s.is_decode)
         tables = tuple(
             torch.tensor([s.block_table], dtype=torch.long, device=device) for s in prefill
@@ -116,7 +140,8 @@ class AttentionMetadata:
 
 
 class PagedKVStore:
-    """Per-layer K and V tensors of `[num_blocks * block_size, num_kv_heads, head_dim]`."""
+    """Per-layer K and V tensors of `[num_blocks * block_size, num_kv_heads, head_dim]`;
+    with `max_mirror_bytes`, a `DecodeMirror` of the decode batch beside them."""
 
     def __init__(
         self,
@@ -127,11 +152,19 @@ class PagedKVStore:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        max_mirror_bytes: int = 0,
     ):
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
         self.block_size = block_size
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.mirror = (
+            DecodeMirror(
+                num_layers, block_size, num_kv_heads, head_dim, dtype, device, max_mirror_bytes
+            )
+            if max_mirror_bytes > 0
+            else None
+        )
 
     @staticmethod
     def bytes_per_block(
@@ -202,10 +235,22 @@ def paged_attention(
     if batch is not None:
         # [heads, T, d] -> the decode queries as a batch: [B, heads, 1, d]
         q = query[0].index_select(1, batch.query_indices).transpose(0, 1).unsqueeze(2)
+        if batch.mirror is not None and tessera_kv.mirror is not None:
+            keys, values = tessera_kv.mirror.batch(
+                layer,
+                batch.mirror,
+                k_cache,
+                v_cache,
+                key[0].index_select(1, batch.query_indices).transpose(0, 1),
+                value[0].index_select(1, batch.query_indices).transpose(0, 1),
+            )
+        else:
+            keys = _gather_blocks(k_cache, block_size, batch.block_tables)
+            values = _gather_blocks(v_cache, block_size, batch.block_tables)
         attended = torch.nn.functional.scaled_dot_product_attention(
             q,
-            _gather_blocks(k_cache, block_size, batch.block_tables),
-            _gather_blocks(v_cache, block_size, batch.block_tables),
+            keys,
+            values,
             attn_mask=batch.mask(block_size, sliding_window),
             scale=scaling,
             enable_gqa=gqa,

@@ -110,6 +110,7 @@ BOUNDS: Mapping[str, Bound] = {
             "max_batch_pixels",
             "max_batch_wait_ms",
             "max_prefetch_bytes",
+            "decode_kv_mirror_bytes",
             "max_queued_requests",
             "drain_seconds",
             "replica_retry_seconds",

@@ -53,6 +53,11 @@ def test_good_flags_pass(model_dir):
             "--kv-cache-bytes), got 1.5",
         ),
         ("decoder", ["--max-num-seqs", "0"], "decoder: --max-num-seqs must be >= 1, got 0"),
+        (
+            "decoder",
+            ["--decode-kv-mirror-bytes", "-1"],
+            "decoder: --decode-kv-mirror-bytes must be >= 0, got -1",
+        ),
         ("encoder", ["--cache-bytes", "-5"], "encoder: --cache-bytes must be >= 0, got -5"),
         (
             "gateway",

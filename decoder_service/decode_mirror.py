@@ -1,0 +1,213 @@
+"""The decode batch's keys and values, kept contiguous from one step to the next.
+
+A step attends its decode queries together over one padded `[B, kv_heads, keys, d]`
+batch of their contexts. Gathered from the paged store, that batch is a copy of every
+decoding request's whole context, per layer and per step: on the bench checkpoint at four
+requests of ~500 tokens the gather cost as much as the attention itself (docs/
+benchmarks.md). The mirror keeps the batch between steps instead, one row per decoding
+request, and a step writes only its new token into each row, as the store's own write
+does. A request joining the batch fills its row from the store once (one gather of its
+blocks), a row whose request left is taken by another, and rows are kept packed at the
+front so the batch stays a view: `[rows 0..B)`.
+
+Two requests, block size 4, in rows 0 and 1 with 9 and 6 tokens mirrored: the next step
+decodes both (positions 9 and 6) and the store's new keys go to `row 0 @ 9` and
+`row 1 @ 6`. If request 0 then finishes and a request C of 11 tokens joins, C takes row 0
+(its 3 blocks gathered once, 12 slots) and request 1 stays in row 1.
+
+What it holds equals what a gather would read, bit for bit: a row is trusted only while
+its request decodes in consecutive forwards with exactly the tokens the row holds. A
+request that misses a forward (preempted, finished, waiting, prefilling again) loses its
+row and is filled afresh when it decodes again, and a forward that raises empties the
+mirror. Slots past a row's context hold zeros or an earlier request's keys (finite:
+masked out, as the padding a gather reads).
+
+Its memory is bounded (`max_bytes`, the decoder's `--decode-kv-mirror-bytes`): a step
+whose batch does not fit gathers as before. Device-agnostic torch; the same on CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+# Keys per row are allocated in multiples of this, so that a growing context does not
+# reallocate the mirror every block.
+ROW_GROWTH_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A row filled from the store: `blocks` (ids) hold the request's tokens so far."""
+
+    row: int
+    blocks: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Move:
+    """A kept row moved down to keep the batch's rows packed: tokens `[0, num_tokens)`."""
+
+    from_row: int
+    to_row: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class MirrorStep:
+    """What one forward does to the mirror: planned once, applied by every layer. The
+    step's decode batch is rows `[0, num_rows)`, in row order."""
+
+    num_rows: int
+    width: int  # keys each row attends over (padded; the batch's mask says which count)
+    order: tuple[int, ...]  # the planned decodes' indices, in row order
+    moves: tuple[Move, ...]
+    fills: tuple[Fill, ...]
+    rows: torch.Tensor  # [num_rows] 0, 1, ...
+    positions: torch.Tensor  # [num_rows] the position of each row's new token
+
+
+@dataclass(frozen=True)
+class _Row:
+    index: int
+    num_tokens: int  # tokens mirrored: positions [0, num_tokens)
+
+
+class DecodeMirror:
+    """Per layer, keys and values of `[rows, kv_heads, tokens, head_dim]`, grown as the
+    batch needs within `max_bytes`."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_bytes: int,
+    ):
+        self.num_layers = num_layers
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.max_bytes = max_bytes
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * itemsize
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._rows: dict[str, _Row] = {}  # request id -> its row, as of the last forward
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        """(rows, tokens per row) allocated."""
+        return (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
+
+    def clear(self) -> None:
+        """Forgets every row (the buffers stay allocated)."""
+        self._rows = {}
+
+    def plan(self, request_ids: Sequence[str], decodes: Sequence, width: int) -> MirrorStep | None:
+        """The step for this forward's decode segments (`decodes[i]` is request
+        `request_ids[i]`'s; each has `num_past` and `block_table`), or None when the
+        batch is not mirrored this forward (too large for `max_bytes`, or requests not
+        named uniquely): then it gathers, and every row is forgotten. Called once per
+        forward, decodes or none: a request absent from a forward loses its row."""
+        previous, self._rows = self._rows, {}
+        num_rows = len(decodes)
+        if not num_rows or len(set(request_ids)) != num_rows or "" in request_ids:
+            return None
+        if not self._reserve(num_rows, width):
+            return None
+        kept = {
+            request_id: previous[request_id].index
+            for request_id, segment in zip(request_ids, decodes, strict=True)
+            if request_id in previous and previous[request_id].num_tokens == segment.num_past
+        }
+        free = sorted(set(range(num_rows)) - set(kept.values()))
+        moves = []
+        for request_id, index in kept.items():
+            if index >= num_rows:  # keep the rows packed at the front
+                kept[request_id] = free.pop(0)
+                moves.append(Move(index, kept[request_id], previous[request_id].num_tokens))
+        fills = []
+        for request_id, segment in zip(request_ids, decodes, strict=True):
+            if request_id not in kept:
+                kept[request_id] = free.pop(0)
+                num_blocks = -(-segment.num_past // self.block_size)
+                blocks = torch.tensor(segment.block_table[:num_blocks], dtype=torch.long)
+                fills.append(Fill(kept[request_id], blocks.to(self.device)))
+        positions = [0] * num_rows
+        order = [0] * num_rows
+        for index, (request_id, segment) in enumerate(zip(request_ids, decodes, strict=True)):
+            positions[kept[request_id]] = segment.num_past
+            order[kept[request_id]] = index
+            self._rows[request_id] = _Row(kept[request_id], segment.num_past + 1)
+        return MirrorStep(
+            num_rows,
+            width,
+            tuple(order),
+            tuple(moves),
+            tuple(fills),
+            torch.arange(num_rows, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+        )
+
+    def batch(
+        self,
+        layer: int,
+        step: MirrorStep,
+        store_keys: torch.Tensor,
+        store_values: torch.Tensor,
+        new_keys: torch.Tensor,
+        new_values: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Applies `step` to `layer`'s rows, with the store's `[slots, kv_heads, d]`
+        tensors and the step's new `[num_rows, kv_heads, d]` keys and values in row
+        order; returns the batch's `[num_rows, kv_heads, width, d]` keys and values."""
+        out = []
+        for mirror, store, new in (
+            (self.keys[layer], store_keys, new_keys),
+            (self.values[layer], store_values, new_values),
+        ):
+            for move in step.moves:
+                kept = mirror[move.from_row, :, : move.num_tokens]
+                mirror[move.to_row, :, : move.num_tokens] = kept
+            blocks = store.view(-1, self.block_size, *store.shape[1:])
+            for fill in step.fills:
+                num_tokens = len(fill.blocks) * self.block_size
+                gathered = blocks.index_select(0, fill.blocks).view(num_tokens, *store.shape[1:])
+                mirror[fill.row, :, :num_tokens] = gathered.transpose(0, 1)
+            mirror[step.rows, :, step.positions] = new.to(mirror.dtype)
+            out.append(mirror[: step.num_rows, :, : step.width])
+        return out[0], out[1]
+
+    def _reserve(self, num_rows: int, width: int) -> bool:
+        """Makes room for `num_rows` rows of `width` tokens, keeping what rows hold; False
+        (nothing allocated) when that exceeds `max_bytes`."""
+        have_rows, have_tokens = self.capacity
+        if num_rows <= have_rows and width <= have_tokens:
+            return True
+        rows = max(num_rows, have_rows)
+        tokens = max(have_tokens, -(-width // ROW_GROWTH_TOKENS) * ROW_GROWTH_TOKENS)
+        if rows * tokens * self.bytes_per_token > self.max_bytes:
+            rows, tokens = max(num_rows, have_rows), max(width, have_tokens)
+        if rows * tokens * self.bytes_per_token > self.max_bytes:
+            return False
+        shape = (rows, self.num_kv_heads, tokens, self.head_dim)
+        grown = []
+        for old in (*self.keys, *self.values):
+            new = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            new[: old.shape[0], :, : old.shape[2]] = old
+            grown.append(new)
+        if not grown:
+            grown = [
+                torch.zeros(shape, dtype=self.dtype, device=self.device)
+                for _ in range(2 * self.num_layers)
+            ]
+        self.keys, self.values = grown[: self.num_layers], grown[self.num_layers :]
+        return True

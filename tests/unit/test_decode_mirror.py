@@ -1,0 +1,200 @@
+"""The decode mirror gives the step's attention exactly (bit for bit) what a gather from
+the paged store gives, while requests join, leave, skip a forward, outgrow its rows or
+do not fit its memory; a forward that raises empties it."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from decoder_service import decode_mirror
+from decoder_service.model_runner import ModelRunner, WorkInput
+from decoder_service.paged_attention import (
+    AttentionMetadata,
+    PagedKVStore,
+    Segment,
+    paged_attention,
+)
+from decoder_service.scheduler import ScheduledChunk
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 96
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 8
+
+
+class Layer(torch.nn.Module):
+    layer_idx = 0
+
+
+@dataclass
+class Sequence:
+    """One request's tokens so far: its blocks and how many positions are filled."""
+
+    request_id: str
+    blocks: list[int]
+    num_tokens: int = 0
+    keys: list[torch.Tensor] = field(default_factory=list)  # [kv, d] per position
+
+
+class Pair:
+    """Two stores with the same contents, one with a mirror of `max_mirror_bytes`."""
+
+    def __init__(self, max_mirror_bytes: int, seed: int = 0):
+        def store(mirror_bytes: int) -> PagedKVStore:
+            return PagedKVStore(
+                1,
+                NUM_BLOCKS,
+                BLOCK_SIZE,
+                NUM_KV_HEADS,
+                HEAD_DIM,
+                torch.float32,
+                torch.device("cpu"),
+                mirror_bytes,
+            )
+
+        self.mirrored, self.gathered = store(max_mirror_bytes), store(0)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.free = list(range(NUM_BLOCKS))
+        random.Random(seed).shuffle(self.free)  # no context is contiguous
+
+    def sequence(self, request_id: str) -> Sequence:
+        return Sequence(request_id, [])
+
+    def step(self, decodes: list[Sequence], prefill: tuple[Sequence, int] | None = None):
+        """One forward: a token for each of `decodes` (and `prefill`'s chunk of n new
+        tokens first, when given). Returns both stores' outputs."""
+        work = ([(prefill[0], prefill[1])] if prefill else []) + [(s, 1) for s in decodes]
+        segments, slots, query_start = [], [], 0
+        for sequence, num_new in work:
+            end = sequence.num_tokens + num_new
+            while len(sequence.blocks) * BLOCK_SIZE < end:
+                sequence.blocks.append(self.free.pop())
+            slots.append(
+                self.gathered.slots(sequence.blocks, sequence.num_tokens, end, torch.device("cpu"))
+            )
+            segments.append(
+                Segment(
+                    query_start,
+                    query_start + num_new,
+                    sequence.num_tokens,
+                    tuple(sequence.blocks),
+                    request_id=sequence.request_id,
+                )
+            )
+            sequence.num_tokens = end
+            query_start += num_new
+        query = torch.randn(1, NUM_HEADS, query_start, HEAD_DIM, generator=self.generator)
+        keys = torch.randn(1, NUM_KV_HEADS, query_start, HEAD_DIM, generator=self.generator)
+        values = torch.randn(1, NUM_KV_HEADS, query_start, HEAD_DIM, generator=self.generator)
+        outputs = []
+        for store in (self.mirrored, self.gathered):
+            metadata = AttentionMetadata.plan(torch.cat(slots), segments, store.mirror)
+            output, _ = paged_attention(
+                Layer(), query, keys, values, None, tessera_metadata=metadata, tessera_kv=store
+            )
+            outputs.append(output)
+        return outputs
+
+    def recompute(self, sequence: Sequence) -> None:
+        """New values for the sequence's keys and values in both stores."""
+        slots = self.gathered.slots(sequence.blocks, 0, sequence.num_tokens, torch.device("cpu"))
+        shape = (len(slots), NUM_KV_HEADS, HEAD_DIM)
+        keys, values = (torch.randn(shape, generator=self.generator) for _ in range(2))
+        for store in (self.mirrored, self.gathered):
+            store.keys[0][slots] = keys
+            store.values[0][slots] = values
+
+    def check(self, decodes: list[Sequence], prefill=None, mirrored: bool = True) -> None:
+        mirror, gather = self.step(decodes, prefill)
+        assert torch.equal(mirror, gather)
+        rows = self.mirrored.mirror._rows
+        assert set(rows) == ({s.request_id for s in decodes} if mirrored else set())
+
+
+def test_joining_leaving_and_packing_rows_gives_what_a_gather_gives(monkeypatch):
+    monkeypatch.setattr(decode_mirror, "ROW_GROWTH_TOKENS", 8)  # grown often here
+    pair = Pair(1 << 20)
+    a, b, c, d, e = (pair.sequence(n) for n in "abcde")
+    pair.step([], (a, 9))
+    pair.step([], (b, 6))
+    pair.step([], (c, 14))
+    pair.check([a, b])  # every row filled from the store
+    pair.check([a, b, c])  # one more row: the rows grow, keeping what a's and b's hold
+    pair.check([a, b, c])  # a token each
+    pair.step([], (d, 3))  # a forward without decodes: every row forgotten
+    pair.check([a, b, c])
+    pair.check([b, c, d])  # a left, d takes its row
+    assert pair.mirrored.mirror._rows["d"].index == 0
+    pair.check([c, d])  # b left: c moves down to keep the rows packed
+    assert {r.index for r in pair.mirrored.mirror._rows.values()} == {0, 1}
+    pair.check([d, c], (e, 5))  # a prefill chunk beside the decodes, order swapped
+    pair.check([c, d, e])
+    grown = pair.mirrored.mirror.capacity[1]
+    for _ in range(12):  # c outgrows the rows allocated: they grow, keeping what they hold
+        pair.check([c, d, e])
+    assert pair.mirrored.mirror.capacity[1] > grown
+
+
+def test_a_request_that_skips_a_forward_is_filled_again():
+    pair = Pair(1 << 20)
+    a, b = pair.sequence("a"), pair.sequence("b")
+    pair.step([], (a, 7))
+    pair.step([], (b, 5))
+    pair.check([a, b])
+    pair.check([b])  # a skips a forward: preempted, and its keys computed again ...
+    pair.recompute(a)  # (a chunking of its own: values that differ in the last bits)
+    pair.check([a, b])  # ... so its row is not trusted: filled from the store again
+
+
+def test_a_batch_larger_than_the_budget_is_gathered(monkeypatch):
+    monkeypatch.setattr(decode_mirror, "ROW_GROWTH_TOKENS", 8)
+    # Room for 2 rows of 8 tokens (2 blocks): three requests of 6 tokens do not fit.
+    per_token = 2 * NUM_KV_HEADS * HEAD_DIM * 4
+    pair = Pair(2 * 8 * per_token)
+    a, b, c = (pair.sequence(n) for n in "abc")
+    for sequence in (a, b, c):
+        pair.step([], (sequence, 5))
+    pair.check([a, b])
+    pair.check([a, b, c], mirrored=False)
+    pair.check([a, b])
+
+
+def test_requests_without_names_are_gathered():
+    pair = Pair(1 << 20)
+    a, b = pair.sequence(""), pair.sequence("")
+    pair.step([], (a, 4))
+    pair.step([], (b, 4))
+    pair.check([a, b], mirrored=False)
+
+
+class Raising:
+    """A family whose forward fails after the step is planned (a layer raising)."""
+
+    device = torch.device("cpu")
+    hidden_size = 8
+    num_planes = 1
+    attention = type("Attention", (), {"bidirectional_items": False})()
+
+    def embed_tokens(self, token_ids):
+        return torch.zeros(len(token_ids), self.hidden_size)
+
+    def positions(self, num_prompt_tokens, items, start, end):
+        return torch.arange(start, end)
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("a layer failed")
+
+
+def test_a_forward_that_raises_empties_the_mirror():
+    pair = Pair(1 << 20)
+    a = pair.sequence("a")
+    pair.step([], (a, 6))
+    pair.check([a])
+    table = (*a.blocks, pair.free.pop())
+    chunk = ScheduledChunk("a", a.num_tokens, a.num_tokens + 1, (5,), 6, (), table, True)
+    with pytest.raises(RuntimeError, match="a layer failed"):
+        ModelRunner(Raising(), pair.mirrored).run([WorkInput(chunk, ())])
+    assert pair.mirrored.mirror._rows == {}
