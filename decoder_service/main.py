@@ -77,11 +77,13 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
     if num_blocks < 1:
         raise SystemExit(f"the KV cache budget holds no block of {bytes_per_block} B")
     log.info(
-        "KV cache: %d blocks of %d tokens (%d B each, %d tokens in all)",
+        "KV cache: %d blocks of %d tokens (%d B each, %d tokens in all); decode mirror: "
+        "up to %d MiB",
         num_blocks,
         config.block_size,
         bytes_per_block,
         num_blocks * config.block_size,
+        config.decode_kv_mirror_bytes >> 20,
     )
     # Allocated (zero-filled, a parallel op) on the compute thread, like every torch op.
     store = compute_thread().call(
