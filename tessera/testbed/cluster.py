@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -57,7 +58,16 @@ class Cluster:
         if self.zygote is not None and not self.cold:
             return self.zygote.spawn(command[len(CLI) :], log_path, env, argv0=command[0])
         log = log_path.open("w")
+        if not any(isinstance(c.process, subprocess.Popen) for c in self.children):
+            # A harness that raises, or never calls stop(), must not leave its services
+            # running (ports, and gigabytes each): they stop when this process exits.
+            # Forked ones end with their zygote.
+            atexit.register(self._stop_cold)
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def _stop_cold(self) -> None:
+        cold = [c for c in self.children if isinstance(c.process, subprocess.Popen)]
+        stop_children(cold, grace_seconds=10)
 
     def kill(self, name: str) -> None:
         """SIGKILL, as a crash."""
