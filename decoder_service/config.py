@@ -59,7 +59,7 @@ class DecoderConfig:
     kv_cache_bytes: int
     kv_cache_memory_fraction: float
     block_size: int
-    decode_kv_mirror_bytes: int
+    decode_kv_mirror_bytes: int | None  # None: a quarter of the KV cache's memory
     enable_prefix_caching: bool
     adapt_torch_threads: bool
     linear_kernel: str
@@ -217,10 +217,11 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decode-kv-mirror-bytes",
         type=int,
-        default=256 << 20,
+        default=None,
         help="memory for a contiguous copy of the decoding requests' keys and values, "
         "updated one token a step, so that a step does not gather every context from the "
-        "paged cache; a batch that does not fit is gathered (0: always gather)",
+        "paged cache; a batch that does not fit is gathered (0: always gather; default: a "
+        "quarter of the KV cache's memory)",
     )
     parser.add_argument(
         "--enable-prefix-caching",

@@ -66,16 +66,20 @@ def encoder_replicas(config: DecoderConfig) -> ReplicaSet:
     )
 
 
-def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSet) -> Engine:
-    check_item_budget(config, family)
-    max_model_len = min(config.max_model_len or family.max_model_len, family.max_model_len)
+def build_kv_store(config: DecoderConfig, family: ModelFamily) -> PagedKVStore:
+    """The paged KV cache as --kv-cache-bytes (or the memory fraction) sizes it, with its
+    decode mirror (--decode-kv-mirror-bytes; by default a quarter of the cache's memory)."""
     shape = family.kv_shape()
     bytes_per_block = PagedKVStore.bytes_per_block(
         shape.num_layers, config.block_size, shape.num_kv_heads, shape.head_dim, family.dtype
     )
-    num_blocks = kv_cache_bytes(config, family.device) // bytes_per_block
+    cache_bytes = kv_cache_bytes(config, family.device)
+    num_blocks = cache_bytes // bytes_per_block
     if num_blocks < 1:
         raise SystemExit(f"the KV cache budget holds no block of {bytes_per_block} B")
+    mirror_bytes = config.decode_kv_mirror_bytes
+    if mirror_bytes is None:  # room for the decode batch to hold a quarter of the cache
+        mirror_bytes = cache_bytes // 4
     log.info(
         "KV cache: %d blocks of %d tokens (%d B each, %d tokens in all); decode mirror: "
         "up to %d MiB",
@@ -83,10 +87,10 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         config.block_size,
         bytes_per_block,
         num_blocks * config.block_size,
-        config.decode_kv_mirror_bytes >> 20,
+        mirror_bytes >> 20,
     )
     # Allocated (zero-filled, a parallel op) on the compute thread, like every torch op.
-    store = compute_thread().call(
+    return compute_thread().call(
         PagedKVStore,
         shape.num_layers,
         num_blocks,
@@ -95,9 +99,15 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         shape.head_dim,
         family.dtype,
         family.device,
-        config.decode_kv_mirror_bytes,
+        mirror_bytes,
     )
-    kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+
+
+def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSet) -> Engine:
+    check_item_budget(config, family)
+    max_model_len = min(config.max_model_len or family.max_model_len, family.max_model_len)
+    store = build_kv_store(config, family)
+    kv = KVCacheManager(store.num_blocks, config.block_size, config.enable_prefix_caching)
     row_width = family.hidden_size * family.num_planes
     colocated = None
     if config.colocated_encoder:

@@ -155,6 +155,7 @@ class PagedKVStore:
         max_mirror_bytes: int = 0,
     ):
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        self.num_blocks = num_blocks
         self.block_size = block_size
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -181,6 +181,10 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
             "256",
             "--max-chunk-tokens",
             "64",
+            # The decode mirror through the preemption (a quarter of this tiny cache, its
+            # default, would not hold the batch: the steps would gather instead).
+            "--decode-kv-mirror-bytes",
+            str(16 << 20),
         ],
     )
     assert engine.scheduler.kv.num_blocks == num_blocks
@@ -197,6 +201,18 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
         assert_greedy_match(results[index], reference.generate(prompt, MAX_NEW_TOKENS))
     assert engine.scheduler.kv.num_free_blocks == num_blocks
     assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_the_decode_mirror_holds_a_quarter_of_the_kv_cache_unless_told(demo_model_dir):
+    family, _ = decoder_family(demo_model_dir)
+    flags = ["--model", str(demo_model_dir), "--kv-cache-bytes", str(64 << 20)]
+    assert in_process_engine(family, flags).runner.store.mirror.max_bytes == 16 << 20
+    told = in_process_engine(family, [*flags, "--decode-kv-mirror-bytes", str(1 << 20)])
+    assert told.runner.store.mirror.max_bytes == 1 << 20
+    assert (
+        in_process_engine(family, [*flags, "--decode-kv-mirror-bytes", "0"]).runner.store.mirror
+        is None
+    )
 
 
 def test_a_step_whose_only_work_is_preempted_does_not_stall_the_engine(demo_model_dir):
