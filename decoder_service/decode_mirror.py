@@ -199,15 +199,18 @@ class DecodeMirror:
         if rows * tokens * self.bytes_per_token > self.max_bytes:
             return False
         shape = (rows, self.num_kv_heads, tokens, self.head_dim)
-        grown = []
-        for old in (*self.keys, *self.values):
-            new = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            new[: old.shape[0], :, : old.shape[2]] = old
-            grown.append(new)
-        if not grown:
-            grown = [
-                torch.zeros(shape, dtype=self.dtype, device=self.device)
-                for _ in range(2 * self.num_layers)
-            ]
-        self.keys, self.values = grown[: self.num_layers], grown[self.num_layers :]
+        if not self.keys:
+            self.keys = [self._zeros(shape) for _ in range(self.num_layers)]
+            self.values = [self._zeros(shape) for _ in range(self.num_layers)]
+            return True
+        # One layer at a time: at most the new size and one old layer are held at once.
+        for tensors in (self.keys, self.values):
+            for layer, old in enumerate(tensors):
+                tensors[layer] = self._zeros(shape)
+                tensors[layer][: old.shape[0], :, : old.shape[2]] = old
         return True
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        # Zeros, not empty memory: padding keys are masked out, but a NaN bit pattern
+        # in a padding value would still reach the output (0 x NaN).
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
