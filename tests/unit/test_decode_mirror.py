@@ -34,9 +34,8 @@ class Sequence:
     """One request's tokens so far: its blocks and how many positions are filled."""
 
     request_id: str
-    blocks: list[int]
+    blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
-    keys: list[torch.Tensor] = field(default_factory=list)  # [kv, d] per position
 
 
 class Pair:
@@ -59,9 +58,6 @@ class Pair:
         self.generator = torch.Generator().manual_seed(seed)
         self.free = list(range(NUM_BLOCKS))
         random.Random(seed).shuffle(self.free)  # no context is contiguous
-
-    def sequence(self, request_id: str) -> Sequence:
-        return Sequence(request_id, [])
 
     def step(self, decodes: list[Sequence], prefill: tuple[Sequence, int] | None = None):
         """One forward: a token for each of `decodes` (and `prefill`'s chunk of n new
@@ -117,7 +113,7 @@ class Pair:
 def test_joining_leaving_and_packing_rows_gives_what_a_gather_gives(monkeypatch):
     monkeypatch.setattr(decode_mirror, "ROW_GROWTH_TOKENS", 8)  # grown often here
     pair = Pair(1 << 20)
-    a, b, c, d, e = (pair.sequence(n) for n in "abcde")
+    a, b, c, d, e = (Sequence(n) for n in "abcde")
     pair.step([], (a, 9))
     pair.step([], (b, 6))
     pair.step([], (c, 14))
@@ -140,7 +136,7 @@ def test_joining_leaving_and_packing_rows_gives_what_a_gather_gives(monkeypatch)
 
 def test_a_request_that_skips_a_forward_is_filled_again():
     pair = Pair(1 << 20)
-    a, b = pair.sequence("a"), pair.sequence("b")
+    a, b = Sequence("a"), Sequence("b")
     pair.step([], (a, 7))
     pair.step([], (b, 5))
     pair.check([a, b])
@@ -154,7 +150,7 @@ def test_a_batch_larger_than_the_budget_is_gathered(monkeypatch):
     # Room for 2 rows of 8 tokens (2 blocks): three requests of 6 tokens do not fit.
     per_token = 2 * NUM_KV_HEADS * HEAD_DIM * 4
     pair = Pair(2 * 8 * per_token)
-    a, b, c = (pair.sequence(n) for n in "abc")
+    a, b, c = (Sequence(n) for n in "abc")
     for sequence in (a, b, c):
         pair.step([], (sequence, 5))
     pair.check([a, b])
@@ -164,7 +160,7 @@ def test_a_batch_larger_than_the_budget_is_gathered(monkeypatch):
 
 def test_requests_without_names_are_gathered():
     pair = Pair(1 << 20)
-    a, b = pair.sequence(""), pair.sequence("")
+    a, b = Sequence(""), Sequence("")
     pair.step([], (a, 4))
     pair.step([], (b, 4))
     pair.check([a, b], mirrored=False)
@@ -190,7 +186,7 @@ class Raising:
 
 def test_a_forward_that_raises_empties_the_mirror():
     pair = Pair(1 << 20)
-    a = pair.sequence("a")
+    a = Sequence("a")
     pair.step([], (a, 6))
     pair.check([a])
     table = (*a.blocks, pair.free.pop())
