@@ -115,8 +115,9 @@ class DecodeMirror:
         """The step for this forward's decode segments (`decodes[i]` is request
         `request_ids[i]`'s; each has `num_past` and `block_table`), or None when the
         batch is not mirrored this forward (too large for `max_bytes`, or requests not
-        named uniquely): then it gathers, and every row is forgotten. Called once per
-        forward, decodes or none: a request absent from a forward loses its row."""
+        named uniquely): then it gathers, and every row is forgotten. Called for every
+        forward with decodes (one without clears the mirror): a request absent from a
+        forward loses its row."""
         previous, self._rows = self._rows, {}
         num_rows = len(decodes)
         if not num_rows or len(set(request_ids)) != num_rows or "" in request_ids:

@@ -131,7 +131,7 @@ class AttentionMetadata:
         decode = [s for s in segments if s.is_decode]
         batch = DecodeBatch.of(decode, device, mirror) if decode else None
         if mirror is not None and not decode:
-            mirror.plan((), (), 0)  # rows of requests absent from a forward are not kept
+            mirror.clear()  # rows of requests absent from a forward are not kept
         prefill = tuple(s for s in segments if not s.is_decode)
         tables = tuple(
             torch.tensor([s.block_table], dtype=torch.long, device=device) for s in prefill

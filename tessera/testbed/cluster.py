@@ -42,6 +42,12 @@ class Cluster:
     client_tls: TlsFiles | None = None
     cold: bool = False
 
+    def __post_init__(self) -> None:
+        # A harness that raises, or never calls stop(), must not leave its services
+        # running (ports, and gigabytes each): those started cold stop when this process
+        # exits. Forked ones end with their zygote.
+        atexit.register(self._stop_cold)
+
     def start(self, name: str, service: str, args: list[str]) -> str:
         """Starts `tessera <service> <args> --port <free>`; returns its address."""
         address = f"127.0.0.1:{free_port()}"
@@ -58,11 +64,6 @@ class Cluster:
         if self.zygote is not None and not self.cold:
             return self.zygote.spawn(command[len(CLI) :], log_path, env, argv0=command[0])
         log = log_path.open("w")
-        if not any(isinstance(c.process, subprocess.Popen) for c in self.children):
-            # A harness that raises, or never calls stop(), must not leave its services
-            # running (ports, and gigabytes each): they stop when this process exits.
-            # Forked ones end with their zygote.
-            atexit.register(self._stop_cold)
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def _stop_cold(self) -> None:
