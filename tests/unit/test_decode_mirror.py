@@ -145,6 +145,19 @@ def test_a_request_that_skips_a_forward_is_filled_again():
     pair.check([a, b])  # ... so its row is not trusted: filled from the store again
 
 
+def test_a_forward_without_decodes_forgets_every_row():
+    pair = Pair(1 << 20)
+    a, b, c = Sequence("a"), Sequence("b"), Sequence("c")
+    pair.step([], (a, 7))
+    pair.step([], (b, 5))
+    pair.check([a, b])
+    pair.step([], (c, 4))  # every request was preempted; this forward only prefills ...
+    assert pair.mirrored.mirror._rows == {}
+    pair.recompute(a)  # ... and a's keys, computed again, differ in the last bits
+    pair.recompute(b)
+    pair.check([a, b])  # so both rows are filled from the store again
+
+
 def test_a_batch_larger_than_the_budget_is_gathered(monkeypatch):
     monkeypatch.setattr(decode_mirror, "ROW_GROWTH_TOKENS", 8)
     # Room for 2 rows of 8 tokens (2 blocks): three requests of 6 tokens do not fit.
