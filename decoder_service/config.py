@@ -220,8 +220,8 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="memory for a contiguous copy of the decoding requests' keys and values, "
         "updated one token a step, so that a step does not gather every context from the "
-        "paged cache; a batch that does not fit is gathered (0: always gather; default: a "
-        "quarter of the KV cache's memory)",
+        "paged cache; the rows of a batch that do not fit are gathered (0: always gather; "
+        "default: a quarter of the KV cache's memory)",
     )
     parser.add_argument(
         "--enable-prefix-caching",

@@ -22,8 +22,10 @@ row and is filled afresh when it decodes again, and a forward that raises emptie
 mirror. Slots past a row's context hold zeros or an earlier request's keys (finite:
 masked out, as the padding a gather reads).
 
-Its memory is bounded (`max_bytes`, the decoder's `--decode-kv-mirror-bytes`): a step
-whose batch does not fit gathers as before. Device-agnostic torch; the same on CUDA.
+Its memory is bounded (`max_bytes`, the decoder's `--decode-kv-mirror-bytes`): when a
+step's batch does not fit, the rows that fit are mirrored (those it already holds first)
+and the step gathers the rest, so the gain shrinks with load instead of vanishing.
+Device-agnostic torch; the same on CUDA.
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ class DecodeMirror:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._rows: dict[str, _Row] = {}  # request id -> its row, as of the last forward
+        # Decode tokens attended over mirrored rows and over gathered contexts, so far.
+        self.num_mirrored = 0
+        self.num_gathered = 0
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -111,24 +116,31 @@ class DecodeMirror:
         """Forgets every row (the buffers stay allocated)."""
         self._rows = {}
 
-    def plan(self, request_ids: Sequence[str], decodes: Sequence, width: int) -> MirrorStep | None:
+    def plan(self, request_ids: Sequence[str], decodes: Sequence) -> MirrorStep | None:
         """The step for this forward's decode segments (`decodes[i]` is request
-        `request_ids[i]`'s; each has `num_past` and `block_table`), or None when the
-        batch is not mirrored this forward (too large for `max_bytes`, or requests not
-        named uniquely): then it gathers, and every row is forgotten. Called for every
-        forward with decodes (one without clears the mirror): a request absent from a
-        forward loses its row."""
+        `request_ids[i]`'s; each has `num_past` and `block_table`): the rows of the
+        decodes it mirrors, or None when it mirrors none (requests not named uniquely, or
+        not one fits `max_bytes`). Decodes the step leaves out are gathered. Called for
+        every forward with decodes (one without clears the mirror): a request absent from
+        a forward, or left out of it, loses its row."""
         previous, self._rows = self._rows, {}
-        num_rows = len(decodes)
-        if not num_rows or len(set(request_ids)) != num_rows or "" in request_ids:
-            return None
-        if not self._reserve(num_rows, width):
+        if not decodes or len(set(request_ids)) != len(decodes) or "" in request_ids:
+            self.num_gathered += len(decodes)
             return None
         kept = {
             request_id: previous[request_id].index
             for request_id, segment in zip(request_ids, decodes, strict=True)
             if request_id in previous and previous[request_id].num_tokens == segment.num_past
         }
+        chosen = self._choose(request_ids, decodes, kept)
+        num_rows = len(chosen)
+        self.num_mirrored += num_rows
+        self.num_gathered += len(decodes) - num_rows
+        if not chosen:
+            return None
+        width = max(len(decodes[i].block_table) for i in chosen) * self.block_size
+        self._reserve(num_rows, width)
+        kept = {request_ids[i]: kept[request_ids[i]] for i in chosen if request_ids[i] in kept}
         free = sorted(set(range(num_rows)) - set(kept.values()))
         moves = []
         for request_id, index in kept.items():
@@ -136,18 +148,19 @@ class DecodeMirror:
                 kept[request_id] = free.pop(0)
                 moves.append(Move(index, kept[request_id], previous[request_id].num_tokens))
         fills = []
-        for request_id, segment in zip(request_ids, decodes, strict=True):
-            if request_id not in kept:
-                kept[request_id] = free.pop(0)
-                num_blocks = -(-segment.num_past // self.block_size)
-                blocks = torch.tensor(segment.block_table[:num_blocks], dtype=torch.long)
-                fills.append(Fill(kept[request_id], blocks.to(self.device)))
+        for i in chosen:
+            if request_ids[i] not in kept:
+                kept[request_ids[i]] = free.pop(0)
+                num_blocks = -(-decodes[i].num_past // self.block_size)
+                blocks = torch.tensor(decodes[i].block_table[:num_blocks], dtype=torch.long)
+                fills.append(Fill(kept[request_ids[i]], blocks.to(self.device)))
         positions = [0] * num_rows
         order = [0] * num_rows
-        for index, (request_id, segment) in enumerate(zip(request_ids, decodes, strict=True)):
-            positions[kept[request_id]] = segment.num_past
-            order[kept[request_id]] = index
-            self._rows[request_id] = _Row(kept[request_id], segment.num_past + 1)
+        for i in chosen:
+            row = kept[request_ids[i]]
+            positions[row] = decodes[i].num_past
+            order[row] = i
+            self._rows[request_ids[i]] = _Row(row, decodes[i].num_past + 1)
         return MirrorStep(
             num_rows,
             width,
@@ -157,6 +170,26 @@ class DecodeMirror:
             torch.arange(num_rows, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),
         )
+
+    def _choose(
+        self, request_ids: Sequence[str], decodes: Sequence, kept: dict[str, int]
+    ) -> list[int]:
+        """Which decodes get rows when not all fit `max_bytes`: rows already holding their
+        request first (a row filled again costs a gather), then the others in batch
+        order, each taken if the rows chosen so far and it still fit. The rest are
+        gathered, so a batch too large for the budget is mirrored in part, not dropped.
+
+        Budget for 2 rows of 8 tokens, block size 4, kept: a (6 tokens), joining: b (14),
+        c (5): a fits; a + b would need 2 rows of 16: left out; a + c fit -> [a, c]."""
+        candidates = sorted(range(len(decodes)), key=lambda i: request_ids[i] not in kept)
+        chosen: list[int] = []
+        num_blocks = 0
+        for i in candidates:
+            wider = max(num_blocks, len(decodes[i].block_table))
+            if self._shape(len(chosen) + 1, wider * self.block_size) is not None:
+                chosen.append(i)
+                num_blocks = wider
+        return chosen
 
     def batch(
         self,
@@ -187,29 +220,37 @@ class DecodeMirror:
             out.append(mirror[: step.num_rows, :, : step.width])
         return out[0], out[1]
 
-    def _reserve(self, num_rows: int, width: int) -> bool:
-        """Makes room for `num_rows` rows of `width` tokens, keeping what rows hold; False
-        (nothing allocated) when that exceeds `max_bytes`."""
+    def _shape(self, num_rows: int, width: int) -> tuple[int, int] | None:
+        """(rows, tokens per row) to allocate for `num_rows` rows of `width` tokens: the
+        current capacity where it holds them, else grown (tokens in steps of
+        ROW_GROWTH_TOKENS where that fits `max_bytes`, else exactly); None when no shape
+        fits `max_bytes`."""
         have_rows, have_tokens = self.capacity
         if num_rows <= have_rows and width <= have_tokens:
-            return True
+            return have_rows, have_tokens
         rows = max(num_rows, have_rows)
-        tokens = max(have_tokens, -(-width // ROW_GROWTH_TOKENS) * ROW_GROWTH_TOKENS)
-        if rows * tokens * self.bytes_per_token > self.max_bytes:
-            rows, tokens = max(num_rows, have_rows), max(width, have_tokens)
-        if rows * tokens * self.bytes_per_token > self.max_bytes:
-            return False
+        for tokens in (-(-width // ROW_GROWTH_TOKENS) * ROW_GROWTH_TOKENS, width):
+            tokens = max(tokens, have_tokens)
+            if rows * tokens * self.bytes_per_token <= self.max_bytes:
+                return rows, tokens
+        return None
+
+    def _reserve(self, num_rows: int, width: int) -> None:
+        """Makes room for `num_rows` rows of `width` tokens (a shape `_shape` allows),
+        keeping what rows hold."""
+        rows, tokens = self._shape(num_rows, width)
+        if (rows, tokens) == self.capacity:
+            return
         shape = (rows, self.num_kv_heads, tokens, self.head_dim)
         if not self.keys:
             self.keys = [self._zeros(shape) for _ in range(self.num_layers)]
             self.values = [self._zeros(shape) for _ in range(self.num_layers)]
-            return True
+            return
         # One layer at a time: at most the new size and one old layer are held at once.
         for tensors in (self.keys, self.values):
             for layer, old in enumerate(tensors):
                 tensors[layer] = self._zeros(shape)
                 tensors[layer][: old.shape[0], :, : old.shape[2]] = old
-        return True
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         # Zeros, not empty memory: padding keys are masked out, but a NaN bit pattern

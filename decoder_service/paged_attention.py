@@ -7,7 +7,8 @@ paged store, then attends each request's queries to its own context (gathered th
 its block table, whole blocks at a time) with a causal offset: a query at position p sees
 keys at positions <= p. The step's decode tokens (one query each) are attended together
 in one call (`DecodeBatch`), over the contexts the decode mirror keeps between steps
-(`decode_mirror.py`; gathered here when it does not); prefill chunks one by one.
+(`decode_mirror.py`); those it does not hold are gathered here and attended in a second
+call. Prefill chunks are attended one by one.
 
 Two rules widen or narrow that, as the model's own mask does (Gemma 3):
 - inside a bidirectional item `[s, e)` a query sees every key of the item;
@@ -80,22 +81,30 @@ class DecodeBatch:
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def of(
+    def split(
         cls, segments: Sequence[Segment], device: torch.device, mirror: DecodeMirror | None
+    ) -> tuple[DecodeBatch, ...]:
+        """The step's decode segments as batches: the mirrored ones (in row order), then
+        those the mirror left out, gathered; one gathered batch without a mirror."""
+        step = mirror.plan([s.request_id for s in segments], segments) if mirror else None
+        if step is None:
+            return (cls.of(segments, device),)
+        mirrored = set(step.order)
+        rest = [s for i, s in enumerate(segments) if i not in mirrored]
+        batches = (cls.of([segments[i] for i in step.order], device, step),)
+        return batches + ((cls.of(rest, device),) if rest else ())
+
+    @classmethod
+    def of(
+        cls, segments: Sequence[Segment], device: torch.device, mirror: MirrorStep | None = None
     ) -> DecodeBatch:
         width = max(len(s.block_table) for s in segments)
-        step = None
-        if mirror is not None:
-            ids = [s.request_id for s in segments]
-            step = mirror.plan(ids, segments, width * mirror.block_size)
-            if step is not None:
-                segments = [segments[i] for i in step.order]
         tables = [(*s.block_table, *[0] * (width - len(s.block_table))) for s in segments]
         return cls(
             torch.tensor([s.query_start for s in segments], device=device),
             torch.tensor(tables, dtype=torch.long, device=device),
             torch.tensor([s.num_context for s in segments], device=device),
-            step,
+            mirror,
         )
 
     def mask(self, block_size: int, sliding_window: int | None) -> torch.Tensor:
@@ -115,7 +124,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_packed_tokens] slot each new token's K/V goes to
     segments: tuple[Segment, ...]  # multi-token segments (prefill chunks), one by one
     block_tables: tuple[torch.Tensor, ...]  # each segment's block table, `[1, blocks]`
-    decode: DecodeBatch | None = None
+    decodes: tuple[DecodeBatch, ...] = ()  # the single-query segments: one or two batches
 
     @classmethod
     def plan(
@@ -129,14 +138,14 @@ class AttentionMetadata:
         every forward, decodes or none)."""
         device = slot_mapping.device
         decode = [s for s in segments if s.is_decode]
-        batch = DecodeBatch.of(decode, device, mirror) if decode else None
+        batches = DecodeBatch.split(decode, device, mirror) if decode else ()
         if mirror is not None and not decode:
             mirror.clear()  # rows of requests absent from a forward are not kept
         prefill = tuple(s for s in segments if not s.is_decode)
         tables = tuple(
             torch.tensor([s.block_table], dtype=torch.long, device=device) for s in prefill
         )
-        return cls(slot_mapping, prefill, tables, batch)
+        return cls(slot_mapping, prefill, tables, batches)
 
 
 class PagedKVStore:
@@ -232,32 +241,49 @@ def paged_attention(
             enable_gqa=gqa,
         )
         output[segment.query_start : segment.query_end] = attended[0].transpose(0, 1)
-    batch = tessera_metadata.decode
-    if batch is not None:
-        # [heads, T, d] -> the decode queries as a batch: [B, heads, 1, d]
-        q = query[0].index_select(1, batch.query_indices).transpose(0, 1).unsqueeze(2)
-        if batch.mirror is not None and tessera_kv.mirror is not None:
-            keys, values = tessera_kv.mirror.batch(
-                layer,
-                batch.mirror,
-                k_cache,
-                v_cache,
-                key[0].index_select(1, batch.query_indices).transpose(0, 1),
-                value[0].index_select(1, batch.query_indices).transpose(0, 1),
-            )
-        else:
-            keys = _gather_blocks(k_cache, block_size, batch.block_tables)
-            values = _gather_blocks(v_cache, block_size, batch.block_tables)
-        attended = torch.nn.functional.scaled_dot_product_attention(
-            q,
-            keys,
-            values,
-            attn_mask=batch.mask(block_size, sliding_window),
-            scale=scaling,
-            enable_gqa=gqa,
+    for batch in tessera_metadata.decodes:
+        output[batch.query_indices] = _attend_decodes(
+            batch, query, key, value, tessera_kv, layer, sliding_window, scaling
         )
-        output[batch.query_indices] = attended[:, :, 0]
     return output.unsqueeze(0), None
+
+
+def _attend_decodes(
+    batch: DecodeBatch,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    store: PagedKVStore,
+    layer: int,
+    sliding_window: int | None,
+    scaling: float | None,
+) -> torch.Tensor:
+    """The batch's decode queries attended in one call -> `[B, heads, d]`: over the decode
+    mirror's rows where the batch has them, else over contexts gathered from the store."""
+    # [heads, T, d] -> the decode queries as a batch: [B, heads, 1, d]
+    q = query[0].index_select(1, batch.query_indices).transpose(0, 1).unsqueeze(2)
+    k_cache, v_cache = store.keys[layer], store.values[layer]
+    if batch.mirror is not None and store.mirror is not None:
+        keys, values = store.mirror.batch(
+            layer,
+            batch.mirror,
+            k_cache,
+            v_cache,
+            key[0].index_select(1, batch.query_indices).transpose(0, 1),
+            value[0].index_select(1, batch.query_indices).transpose(0, 1),
+        )
+    else:
+        keys = _gather_blocks(k_cache, store.block_size, batch.block_tables)
+        values = _gather_blocks(v_cache, store.block_size, batch.block_tables)
+    attended = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        keys,
+        values,
+        attn_mask=batch.mask(store.block_size, sliding_window),
+        scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
+    return attended[:, :, 0]
 
 
 def _gather_blocks(

@@ -147,10 +147,16 @@ async def run_all(engine, specs, return_exceptions: bool = False, start: bool = 
     return list(await asyncio.gather(*tasks, return_exceptions=return_exceptions))
 
 
-def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, reference):
+@pytest.mark.parametrize("mirror", ["whole", "part"])
+def test_mixed_batches_with_preemption_equal_generate(
+    demo_model_dir, cluster, reference, mirror: str
+):
     """Three text prompts fill the KV cache exactly in the first step; the first block
     any of them needs while decoding forces a preemption. The image prompts queue behind
-    them, and all six answers must still equal generate()'s."""
+    them, and all six answers must still equal generate()'s: with a decode mirror that
+    holds every decode batch, and with one that holds a single row of 128 tokens, so
+    that every step of two or more decodes attends one of them over the mirror's row and
+    the others over contexts gathered from the store."""
     family, builder = decoder_family(demo_model_dir)
     encoder = cluster.address("encoder")
     texts = [decode_spec(family, builder, encoder, i, p, 64) for i, p in enumerate(TEXT_PROMPTS)]
@@ -181,10 +187,8 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
             "256",
             "--max-chunk-tokens",
             "64",
-            # The decode mirror through the preemption (a quarter of this tiny cache, its
-            # default, would not hold the batch: the steps would gather instead).
             "--decode-kv-mirror-bytes",
-            str(16 << 20),
+            str(16 << 20 if mirror == "whole" else 128 * block_bytes // 16),
         ],
     )
     assert engine.scheduler.kv.num_blocks == num_blocks
@@ -192,6 +196,9 @@ def test_mixed_batches_with_preemption_equal_generate(demo_model_dir, cluster, r
     results = asyncio.run(run_all(engine, texts + images))
 
     assert engine.scheduler.num_preemptions > 0
+    mirrored = engine.runner.store.mirror
+    assert mirrored.num_mirrored > 0
+    assert (mirrored.num_gathered > 0) == (mirror == "part")
     counters = engine.counters
     # The three text prompts are queued before the first step and share it; how many
     # later steps the image prompts share depends on when their rows arrive, so only

@@ -5,7 +5,7 @@ do not fit its memory; a forward that raises empties it."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
@@ -85,9 +85,16 @@ class Pair:
         query = torch.randn(1, NUM_HEADS, query_start, HEAD_DIM, generator=self.generator)
         keys = torch.randn(1, NUM_KV_HEADS, query_start, HEAD_DIM, generator=self.generator)
         values = torch.randn(1, NUM_KV_HEADS, query_start, HEAD_DIM, generator=self.generator)
+        mirrored = AttentionMetadata.plan(torch.cat(slots), segments, self.mirrored.mirror)
+        # The same batches, each gathered: what the mirror must give, bit for bit. (A
+        # batch of other members pads to another width, which moves SDPA's last bits.)
+        gathered = replace(
+            mirrored, decodes=tuple(replace(b, mirror=None) for b in mirrored.decodes)
+        )
+        if len(mirrored.decodes) < 2:  # one batch: as the plain plan makes it
+            gathered = AttentionMetadata.plan(torch.cat(slots), segments)
         outputs = []
-        for store in (self.mirrored, self.gathered):
-            metadata = AttentionMetadata.plan(torch.cat(slots), segments, store.mirror)
+        for store, metadata in ((self.mirrored, mirrored), (self.gathered, gathered)):
             output, _ = paged_attention(
                 Layer(), query, keys, values, None, tessera_metadata=metadata, tessera_kv=store
             )
@@ -103,11 +110,20 @@ class Pair:
             store.keys[0][slots] = keys
             store.values[0][slots] = values
 
-    def check(self, decodes: list[Sequence], prefill=None, mirrored: bool = True) -> None:
+    def check(self, decodes: list[Sequence], prefill=None, mirrored: str | None = None) -> None:
+        """Both stores attend alike; the mirror holds rows for `mirrored` (request ids;
+        default: every decode)."""
+        counts = self.mirrored.mirror.num_mirrored, self.mirrored.mirror.num_gathered
         mirror, gather = self.step(decodes, prefill)
         assert torch.equal(mirror, gather)
         rows = self.mirrored.mirror._rows
-        assert set(rows) == ({s.request_id for s in decodes} if mirrored else set())
+        expected = set(mirrored if mirrored is not None else (s.request_id for s in decodes))
+        assert set(rows) == expected
+        counted = (
+            self.mirrored.mirror.num_mirrored - counts[0],
+            self.mirrored.mirror.num_gathered - counts[1],
+        )
+        assert counted == (len(expected), len(decodes) - len(expected))
 
 
 def test_joining_leaving_and_packing_rows_gives_what_a_gather_gives(monkeypatch):
@@ -158,17 +174,35 @@ def test_a_forward_without_decodes_forgets_every_row():
     pair.check([a, b])  # so both rows are filled from the store again
 
 
-def test_a_batch_larger_than_the_budget_is_gathered(monkeypatch):
+def budget(num_rows: int, num_tokens: int) -> int:
+    """The mirror's bytes for rows of tokens (one layer)."""
+    return num_rows * num_tokens * 2 * NUM_KV_HEADS * HEAD_DIM * 4
+
+
+def test_a_batch_larger_than_the_budget_is_mirrored_in_part(monkeypatch):
     monkeypatch.setattr(decode_mirror, "ROW_GROWTH_TOKENS", 8)
-    # Room for 2 rows of 8 tokens (2 blocks): three requests of 6 tokens do not fit.
-    per_token = 2 * NUM_KV_HEADS * HEAD_DIM * 4
-    pair = Pair(2 * 8 * per_token)
+    # Room for 2 rows of 8 tokens (2 blocks): three requests of 4 to 7 tokens do not fit.
+    pair = Pair(budget(2, 8))
     a, b, c = (Sequence(n) for n in "abc")
     for sequence in (a, b, c):
-        pair.step([], (sequence, 5))
+        pair.step([], (sequence, 3))
     pair.check([a, b])
-    pair.check([a, b, c], mirrored=False)
-    pair.check([a, b])
+    pair.check([c, a, b], mirrored="ab")  # the rows it holds stay; c is gathered
+    pair.check([a, b, c], mirrored="ab")
+    pair.check([b, c])  # a left: c gets its row
+
+
+def test_a_wide_request_is_left_out_while_narrower_ones_fit(monkeypatch):
+    monkeypatch.setattr(decode_mirror, "ROW_GROWTH_TOKENS", 8)
+    pair = Pair(budget(2, 8))
+    a, b, c = Sequence("a"), Sequence("b"), Sequence("c")
+    pair.step([], (a, 5))
+    pair.step([], (b, 13))  # 14 tokens at its decode: 4 blocks, wider than a row may be
+    pair.step([], (c, 4))
+    pair.check([a])
+    pair.check([a, b, c], mirrored="ac")  # a and b would need 2 rows of 16
+    pair.check([b], mirrored="")  # alone still too wide: gathered, every row forgotten
+    pair.check([a, c])
 
 
 def test_requests_without_names_are_gathered():
@@ -176,7 +210,7 @@ def test_requests_without_names_are_gathered():
     a, b = Sequence(""), Sequence("")
     pair.step([], (a, 4))
     pair.step([], (b, 4))
-    pair.check([a, b], mirrored=False)
+    pair.check([a, b], mirrored="")
 
 
 class Raising:

@@ -65,7 +65,7 @@ def test_a_step_of_decodes_and_a_chunk_equals_attention_over_each_context(window
         contexts.append((keys, values))
         query_start += num_new
     metadata = AttentionMetadata.plan(torch.cat(slot_mappings), segments)
-    assert metadata.decode is not None and len(metadata.decode.query_indices) == 3
+    assert [len(batch.query_indices) for batch in metadata.decodes] == [3]  # one batch
     assert len(metadata.segments) == 2
 
     query = torch.randn(1, NUM_HEADS, query_start, HEAD_DIM, generator=generator)
