@@ -212,3 +212,16 @@ def metric_readings(engine: Engine):
         "counter",
         engine.embeddings.num_bytes_received,
     )
+    mirror = engine.runner.store.mirror
+    yield (
+        "tessera_decoder_decode_tokens_mirrored_total",
+        "Decode tokens attended over the decode mirror's rows",
+        "counter",
+        mirror.num_mirrored if mirror else 0,
+    )
+    yield (
+        "tessera_decoder_decode_tokens_gathered_total",
+        "Decode tokens attended over contexts gathered from the paged KV cache",
+        "counter",
+        mirror.num_gathered if mirror else 0,
+    )

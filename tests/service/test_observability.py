@@ -219,6 +219,21 @@ def test_a_repeated_prompt_hits_the_decoders_prefix_cache(stack, cluster, demo_m
         assert "tessera_decoder_" + gauge + "{" + label + "}" in after
 
 
+def test_decode_tokens_count_where_their_keys_came_from(stack, cluster, demo_model_dir):
+    """A request decoding alone: every decode token after the first (drawn from the
+    prefill) is attended over the decode mirror's row, none over a gather."""
+    label = "{model_name=" + Path(demo_model_dir).name + "}"
+    mirrored = "tessera_decoder_decode_tokens_mirrored_total" + label
+    gathered = "tessera_decoder_decode_tokens_gathered_total" + label
+    before = decoder_metrics(cluster)
+    body = {"messages": text_message(uuid.uuid4().hex), "max_tokens": 6, "ignore_eos": True}
+    response = post(stack, body, "obs-mirror").json()
+    after = decoder_metrics(cluster)
+    assert response["usage"]["completion_tokens"] == 6
+    assert delta(before, after, mirrored) == 5
+    assert delta(before, after, gathered) == 0
+
+
 def test_the_stats_line_aggregates_the_gateway_and_the_decoders(cluster):
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry, MODEL)
