@@ -30,10 +30,13 @@ Device-agnostic torch; the same on CUDA.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger("tessera.decoder")
 
 # Keys per row are allocated in multiples of this, so that a growing context does not
 # reallocate the mirror every block.
@@ -119,10 +122,11 @@ class DecodeMirror:
     def plan(self, request_ids: Sequence[str], decodes: Sequence) -> MirrorStep | None:
         """The step for this forward's decode segments (`decodes[i]` is request
         `request_ids[i]`'s; each has `num_past` and `block_table`): the rows of the
-        decodes it mirrors, or None when it mirrors none (requests not named uniquely, or
-        not one fits `max_bytes`). Decodes the step leaves out are gathered. Called for
-        every forward with decodes (one without clears the mirror): a request absent from
-        a forward, or left out of it, loses its row."""
+        decodes it mirrors, or None when it mirrors none (requests not named uniquely,
+        not one fits `max_bytes`, or the device is out of memory). Decodes the step
+        leaves out are gathered. Called for every forward with decodes (one without
+        clears the mirror): a request absent from a forward, or left out of it, loses
+        its row."""
         previous, self._rows = self._rows, {}
         if not decodes or len(set(request_ids)) != len(decodes) or "" in request_ids:
             self.num_gathered += len(decodes)
@@ -134,12 +138,12 @@ class DecodeMirror:
         }
         chosen = self._choose(request_ids, decodes, kept)
         num_rows = len(chosen)
+        width = max((len(decodes[i].block_table) for i in chosen), default=0) * self.block_size
+        if not chosen or not self._reserve(num_rows, width):
+            self.num_gathered += len(decodes)
+            return None
         self.num_mirrored += num_rows
         self.num_gathered += len(decodes) - num_rows
-        if not chosen:
-            return None
-        width = max(len(decodes[i].block_table) for i in chosen) * self.block_size
-        self._reserve(num_rows, width)
         kept = {request_ids[i]: kept[request_ids[i]] for i in chosen if request_ids[i] in kept}
         free = sorted(set(range(num_rows)) - set(kept.values()))
         moves = []
@@ -235,13 +239,33 @@ class DecodeMirror:
                 return rows, tokens
         return None
 
-    def _reserve(self, num_rows: int, width: int) -> None:
+    def _reserve(self, num_rows: int, width: int) -> bool:
         """Makes room for `num_rows` rows of `width` tokens (a shape `_shape` allows),
-        keeping what rows hold."""
+        keeping what rows hold. False when the device is out of memory first (a mirror
+        beside a KV cache sized to the last megabyte): the mirror then lets everything
+        go and keeps to what it held before, and the step gathers."""
         rows, tokens = self._shape(num_rows, width)
         if (rows, tokens) == self.capacity:
-            return
-        shape = (rows, self.num_kv_heads, tokens, self.head_dim)
+            return True
+        held_bytes = self.capacity[0] * self.capacity[1] * self.bytes_per_token
+        try:
+            self._grow((rows, self.num_kv_heads, tokens, self.head_dim))
+        except RuntimeError as error:  # out of memory (torch.OutOfMemoryError on CUDA)
+            self.keys, self.values, self._rows = [], [], {}
+            self.max_bytes = held_bytes
+            log.warning(
+                "decode mirror: no memory for %d rows of %d tokens (%s); its budget is now "
+                "%d B, what it held; decode steps beyond it gather from the KV cache "
+                "(--decode-kv-mirror-bytes sets it)",
+                rows,
+                tokens,
+                str(error).splitlines()[0],
+                held_bytes,
+            )
+            return False
+        return True
+
+    def _grow(self, shape: tuple[int, ...]) -> None:
         if not self.keys:
             self.keys = [self._zeros(shape) for _ in range(self.num_layers)]
             self.values = [self._zeros(shape) for _ in range(self.num_layers)]

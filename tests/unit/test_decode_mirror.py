@@ -205,6 +205,31 @@ def test_a_wide_request_is_left_out_while_narrower_ones_fit(monkeypatch):
     pair.check([a, c])
 
 
+def test_a_device_out_of_memory_lowers_the_budget_and_the_step_gathers(monkeypatch, caplog):
+    """A device that has less memory than the budget says (a KV cache sized to the last
+    megabyte): growing the rows fails, the step gathers, and the mirror keeps to what
+    it held before instead of failing every request of the step."""
+    monkeypatch.setattr(decode_mirror, "ROW_GROWTH_TOKENS", 8)
+    zeros = decode_mirror.DecodeMirror._zeros
+
+    def device_zeros(self, shape):  # this device holds no more than 2 rows of 8 tokens
+        if shape[0] * shape[2] > 2 * 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return zeros(self, shape)
+
+    monkeypatch.setattr(decode_mirror.DecodeMirror, "_zeros", device_zeros)
+    pair = Pair(1 << 20)
+    a, b, c = (Sequence(n) for n in "abc")
+    for sequence in (a, b, c):
+        pair.step([], (sequence, 3))
+    pair.check([a, b])
+    pair.check([a, b, c], mirrored="")  # 3 rows: no memory; every row let go
+    assert "no memory for 3 rows of 8 tokens" in caplog.text
+    assert pair.mirrored.mirror.max_bytes == budget(2, 8)
+    assert pair.mirrored.mirror.capacity == (0, 0)
+    pair.check([a, b, c], mirrored="ab")  # within what it held: mirrored again, in part
+
+
 def test_requests_without_names_are_gathered():
     pair = Pair(1 << 20)
     a, b = Sequence(""), Sequence("")
