@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from tessera.children import Child, Process, stop_children, wait_healthy
 from tessera.launcher import free_port
+from tessera.testbed.procs import interrupt_on_sigterm
 from tessera.testbed.zygote import Zygote
 from tessera.tls import TlsFiles, tls_args
 
@@ -45,7 +46,7 @@ class Cluster:
     def __post_init__(self) -> None:
         # A harness that raises, or never calls stop(), must not leave its services
         # running (ports, and gigabytes each): those started cold stop when this process
-        # exits. Forked ones end with their zygote.
+        # exits, also when it is told to (SIGTERM). Forked ones end with their zygote.
         atexit.register(self._stop_cold)
 
     def start(self, name: str, service: str, args: list[str]) -> str:
@@ -64,6 +65,7 @@ class Cluster:
         if self.zygote is not None and not self.cold:
             return self.zygote.spawn(command[len(CLI) :], log_path, env, argv0=command[0])
         log = log_path.open("w")
+        interrupt_on_sigterm()
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def _stop_cold(self) -> None:

@@ -11,7 +11,6 @@ what is missing).
 from __future__ import annotations
 
 import argparse
-import signal
 import subprocess
 import tempfile
 import time
@@ -22,7 +21,7 @@ from tessera.testbed.dns import DnsServer
 from tessera.testbed.fleet import Fleet, FleetPlan, redis_command, role_of, service_command
 from tessera.testbed.hosts import HostNetwork, remove_stale, run, unavailable_reason
 from tessera.testbed.links import PARTITIONED, Links
-from tessera.testbed.procs import Proc
+from tessera.testbed.procs import Proc, interrupt_on_sigterm
 
 # Every replica of a role listens on the same port of its own address, as pods do.
 PORTS = {"redis": 6379, "encoder": 50052, "decoder": 50053, "gateway": 50051}
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"fleet-net: test hosts cannot be made here: {reason}")
     model = args.model or str(_demo_model())
     fleet = NetFleet(FleetPlan(model, args.decoders, args.encoders))
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    interrupt_on_sigterm()
     try:
         print("fleet-net: starting hosts and services (a minute on 2 cores)...", flush=True)
         fleet.start_all()

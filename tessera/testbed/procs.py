@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,23 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 MAX_START_SECONDS = 180.0  # torch imports and model loads on a loaded 2-core machine
+
+
+def interrupt_on_sigterm() -> None:
+    """Makes SIGTERM (`timeout`'s, a CI runner's) end this process as Ctrl-C does:
+    through `finally` blocks, fixture teardowns and exit hooks, which stop the services
+    it started. Python's default ends it at once, hooks unrun. (KeyboardInterrupt, not
+    SystemExit: pytest reports a SystemExit inside a test as that test's failure and
+    goes on.) Only where SIGTERM still has that default, and on the main thread, the
+    only one that may set handlers: a handler the program chose is its own."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 class ProcessExitedError(RuntimeError):
