@@ -250,7 +250,9 @@ class DecodeMirror:
         held_bytes = self.capacity[0] * self.capacity[1] * self.bytes_per_token
         try:
             self._grow((rows, self.num_kv_heads, tokens, self.head_dim))
-        except RuntimeError as error:  # out of memory (torch.OutOfMemoryError on CUDA)
+        except RuntimeError as error:
+            if not _out_of_memory(error):
+                raise
             self.keys, self.values, self._rows = [], [], {}
             self.max_bytes = held_bytes
             log.warning(
@@ -280,3 +282,8 @@ class DecodeMirror:
         # Zeros, not empty memory: padding keys are masked out, but a NaN bit pattern
         # in a padding value would still reach the output (0 x NaN).
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+
+def _out_of_memory(error: RuntimeError) -> bool:
+    """torch.OutOfMemoryError on CUDA; on a CPU an allocator's plain RuntimeError."""
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)

@@ -230,6 +230,19 @@ def test_a_device_out_of_memory_lowers_the_budget_and_the_step_gathers(monkeypat
     pair.check([a, b, c], mirrored="ab")  # within what it held: mirrored again, in part
 
 
+def test_an_error_other_than_memory_is_not_taken_for_one(monkeypatch):
+    def broken_zeros(self, shape):
+        raise RuntimeError("a bug in the mirror")
+
+    monkeypatch.setattr(decode_mirror.DecodeMirror, "_zeros", broken_zeros)
+    pair = Pair(1 << 20)
+    a = Sequence("a")
+    pair.step([], (a, 3))
+    with pytest.raises(RuntimeError, match="a bug in the mirror"):
+        pair.step([a])
+    assert pair.mirrored.mirror.max_bytes == 1 << 20
+
+
 def test_requests_without_names_are_gathered():
     pair = Pair(1 << 20)
     a, b = Sequence(""), Sequence("")
