@@ -26,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks import disagg, fleet, plots, report
+from benchmarks import disagg, fleet, must_show, plots, report
 from benchmarks.bench_suites import Suites
 from benchmarks.common import bench_model, environment
 from benchmarks.inprocess import HfGenerate, ReencodePerChunk
@@ -243,6 +243,7 @@ def main() -> int:
     started = time.perf_counter()
     failed = run_bench(bench, args.suites)
     bench.targets()
+    bench.md[:0] = must_show.section(bench.results)
     if failed:
         bench.results["failed_suites"] = failed
         bench.md[:0] = report.failed_suites_section(failed)

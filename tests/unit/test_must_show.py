@@ -1,0 +1,83 @@
+"""The must-show figures come from a run's own results by fixed arithmetic: checked
+against a committed run's results.json, whose figures docs/benchmarks.md quotes, and
+against a run that had only some suites."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import must_show
+
+RUN = Path(__file__).parents[2] / "docs" / "benchmarks" / "runs" / "a1bed4b" / "results.json"
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return json.loads(RUN.read_text())
+
+
+def test_each_figure_of_a_committed_run(results):
+    cells = dict(zip([f.label for f in must_show.FIGURES], must_show.column(results), strict=True))
+    assert cells["throughput vs `generate()`, reuse80-c4"] == "1.35x: **missed**"
+    assert cells["throughput vs `generate()`, reuse80-c16"] == "2.02x: **missed**"
+    assert cells["outputs equal to `generate()`"] == "100%: met"
+    assert cells["decode step of 4 / step of 1"] == "1.90x (7.35 / 3.86 ms): **missed**"
+    assert cells["single-request decode step / `generate()` token"].startswith("1.14x")
+    assert cells["slice streaming through the decoder's client / raw TCP"].startswith("0.38x")
+    assert cells["TTFT p99 at 16 clients"] == "2.00 s: **missed**"
+    # Judged on the mutual-TLS deployment (it sends processed pixels); both are shown.
+    assert cells["1536 px TTFT overhead over 512 px, vs `generate()`'s"] == (
+        "tessera 4.09x: +243 ms; tessera-mtls 2.82x: +168 ms against +59 ms: **missed**"
+    )
+    assert cells["forward's wait on embeddings, every closed-loop cell"] == (
+        "2.1%-8.6% (reuse0-c4 8.6%): **missed**"
+    )
+    assert (
+        "image-light-c4: tessera 0.91x of colocated"
+        in cells["colocated vs disaggregated, both cells"]
+    )
+
+
+def test_a_figure_that_meets_its_target_says_so(results):
+    step = results["step"]
+    faster = {**results, "step": {**step, "generate_ms": 4.0}}  # step of 1: 3.86 ms
+    index = [f.label for f in must_show.FIGURES].index(
+        "single-request decode step / `generate()` token"
+    )
+    assert must_show.column(faster)[index] == "0.96x (3.86 / 4.00 ms): met"
+
+
+def test_a_run_without_some_suites_shows_a_dash_for_their_figures(results):
+    partial = {"cells": results["cells"], "targets": results["targets"]}
+    column = must_show.column(partial)
+    assert column[0] == "1.35x: **missed**"
+    assert column[3] == "100%: met"
+    assert column[4:7] == ["-"] * 3  # the step and wire suites
+    assert column[7] == "2.00 s: **missed**"  # a closed-loop cell
+    assert column[8] == "-"  # the growth suite
+    assert column[9].startswith("2.1%-8.6%")
+    assert column[10] == "-"  # the disagg suite
+
+
+def test_the_section_names_this_run_and_reads_what_results_json_will_hold(results):
+    section = must_show.section({**results, "wire": {"mib_per_s": {}}, "path": Path("x")})
+    assert section[0].startswith("## Engine speed")
+    assert "| must show | target | this run |" in section[1]
+
+
+def test_the_large_image_figure_is_judged_on_the_mutual_tls_deployment(results):
+    """Its gateway sends processed pixels (docs/design.md): within 1.5x there, while the
+    plaintext deployment's encoder decodes and hashes again, is met."""
+    growth = json.loads(json.dumps(results["growth"]))
+    side_1536 = next(r for r in growth if r["axis"] == "image side (px)" and r["value"] == "1536")
+    side_1536["arms"]["hf-generate"]["ttft_p50_ms"] += 120 - 59.4  # generate(): +120 ms
+    index = [f.label for f in must_show.FIGURES].index(
+        "1536 px TTFT overhead over 512 px, vs `generate()`'s"
+    )
+    cell = must_show.column({**results, "growth": growth})[index]
+    assert cell.startswith("tessera 2.0")  # plaintext: ~2.03x, missed on its own
+    assert "tessera-mtls 1.40x" in cell
+    assert cell.endswith(": met")
