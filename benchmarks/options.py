@@ -49,7 +49,7 @@ def parse_args(description: str, argv: Sequence[str] | None = None) -> argparse.
     parser.add_argument(
         "--growth-repeats",
         type=int,
-        help="requests per setting of the growth table (default: 2, 1 with --quick); more "
+        help="requests per setting of the growth table (default: 8, 1 with --quick); more "
         "for steadier medians on a busy machine",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
