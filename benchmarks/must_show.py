@@ -26,11 +26,27 @@ Results = dict  # a results.json, as benchmarks.run writes it
 
 
 @dataclass(frozen=True)
+class Target:
+    text: str
+    meets: Callable[[float], bool]
+
+
+def at_least(limit: float, unit: str = "x") -> Target:
+    return Target(f">= {limit:g}{unit}", lambda value: value >= limit)
+
+
+def at_most(limit: float, unit: str = "x") -> Target:
+    return Target(f"<= {limit:g}{unit}", lambda value: value <= limit)
+
+
+SHOWN = Target("a table", lambda value: True)  # asked for, not judged
+
+
+@dataclass(frozen=True)
 class Figure:
     label: str
-    target: str
+    target: Target
     value: Callable[[Results], float | None]  # None: the run has no such figure
-    meets: Callable[[float], bool]
     text: Callable[[Results, float], str]
 
 
@@ -165,79 +181,68 @@ def _times(results: Results, value: float) -> str:
 FIGURES = (
     Figure(
         "throughput vs `generate()`, reuse80-c4",
-        ">= 2.0x",
+        at_least(2.0),
         _throughput("reuse80-c4"),
-        lambda v: v >= 2.0,
         _times,
     ),
     Figure(
         "throughput vs `generate()`, reuse0-c4",
-        ">= 1.3x",
+        at_least(1.3),
         _throughput("reuse0-c4"),
-        lambda v: v >= 1.3,
         _times,
     ),
     Figure(
         "throughput vs `generate()`, reuse80-c16",
-        ">= 3x",
+        at_least(3.0),
         _throughput("reuse80-c16"),
-        lambda v: v >= 3.0,
         _times,
     ),
     Figure(
         "outputs equal to `generate()`",
-        "100%",
+        Target("100%", lambda value: value == 1.0),
         _outputs_equal,
-        lambda v: v == 1.0,
         lambda r, v: f"{v:.0%}",
     ),
     Figure(
         "decode step of 4 / step of 1",
-        "<= 1.3x",
+        at_most(1.3),
         _step_ratio,
-        lambda v: v <= 1.3,
         lambda r, v: f"{v:.2f}x ({_step_ms(r, 4):.2f} / {_step_ms(r, 1):.2f} ms)",
     ),
     Figure(
         "single-request decode step / `generate()` token",
-        "<= 1.0x",
+        at_most(1.0),
         _step_vs_generate,
-        lambda v: v <= 1.0,
         lambda r, v: f"{v:.2f}x ({_step_ms(r, 1):.2f} / {r['step']['generate_ms']:.2f} ms)",
     ),
     Figure(
         "slice streaming through the decoder's client / raw TCP",
-        ">= 0.6x",
+        at_least(0.6),
         _wire,
-        lambda v: v >= 0.6,
         lambda r, v: f"{v:.2f}x (raw TCP {r['wire']['mib_per_s']['raw TCP']:.0f} MiB/s)",
     ),
     Figure(
         "TTFT p99 at 16 clients",
-        "<= 1.2 s",
+        at_most(1.2, " s"),
         _ttft_p99_c16,
-        lambda v: v <= 1.2,
         lambda r, v: f"{v:.2f} s",
     ),
     Figure(
         "1536 px TTFT overhead over 512 px, vs `generate()`'s",
-        "within 1.5x",
+        at_most(1.5),
         _large_image,
-        lambda v: v <= 1.5,
         _large_image_text,
     ),
     Figure(
         "forward's wait on embeddings, every closed-loop cell",
-        "<= 5%",
+        Target("<= 5%", lambda value: value <= 0.05),
         _worst_wait,
-        lambda v: v <= 0.05,
         _worst_wait_text,
     ),
     Figure(
         "colocated vs disaggregated, both cells",
-        "a table",
+        SHOWN,
         _colocated,
-        lambda v: True,
         _colocated_text,
     ),
 )
@@ -251,8 +256,8 @@ def column(results: Results) -> list[str]:
         if value is None:
             cells.append("-")
             continue
-        verdict = "met" if figure.meets(value) else "**missed**"
-        if figure.target == "a table":
+        verdict = "met" if figure.target.meets(value) else "**missed**"
+        if figure.target is SHOWN:
             verdict = "shown"
         cells.append(f"{figure.text(results, value)}: {verdict}")
     return cells
@@ -262,7 +267,8 @@ def table(runs: list[tuple[str, Results]]) -> str:
     """Figures as rows, runs (named) as columns."""
     columns = [column(results) for _, results in runs]
     rows = [
-        [figure.label, figure.target, *(c[i] for c in columns)] for i, figure in enumerate(FIGURES)
+        [figure.label, figure.target.text, *(c[i] for c in columns)]
+        for i, figure in enumerate(FIGURES)
     ]
     return markdown_table(["must show", "target", *(name for name, _ in runs)], rows)
 
