@@ -41,7 +41,9 @@ class Sequence:
 class Pair:
     """Two stores with the same contents, one with a mirror of `max_mirror_bytes`."""
 
-    def __init__(self, max_mirror_bytes: int, seed: int = 0):
+    def __init__(self, max_mirror_bytes: int, seed: int = 0, sliding_window: int | None = None):
+        self.sliding_window = sliding_window  # as a sliding-window layer passes it
+
         def store(mirror_bytes: int) -> PagedKVStore:
             return PagedKVStore(
                 1,
@@ -96,7 +98,14 @@ class Pair:
         outputs = []
         for store, metadata in ((self.mirrored, mirrored), (self.gathered, gathered)):
             output, _ = paged_attention(
-                Layer(), query, keys, values, None, tessera_metadata=metadata, tessera_kv=store
+                Layer(),
+                query,
+                keys,
+                values,
+                None,
+                tessera_metadata=metadata,
+                tessera_kv=store,
+                sliding_window=self.sliding_window,
             )
             outputs.append(output)
         return outputs
@@ -179,10 +188,12 @@ def budget(num_rows: int, num_tokens: int) -> int:
     return num_rows * num_tokens * 2 * NUM_KV_HEADS * HEAD_DIM * 4
 
 
-def test_a_batch_larger_than_the_budget_is_mirrored_in_part(monkeypatch):
+@pytest.mark.parametrize("sliding_window", [None, 5])
+def test_a_batch_larger_than_the_budget_is_mirrored_in_part(monkeypatch, sliding_window):
+    """Also on a sliding-window layer: each of the two batches masks its own keys."""
     monkeypatch.setattr(decode_mirror, "ROW_GROWTH_TOKENS", 8)
     # Room for 2 rows of 8 tokens (2 blocks): three requests of 4 to 7 tokens do not fit.
-    pair = Pair(budget(2, 8))
+    pair = Pair(budget(2, 8), sliding_window=sliding_window)
     a, b, c = (Sequence(n) for n in "abc")
     for sequence in (a, b, c):
         pair.step([], (sequence, 3))
