@@ -17,6 +17,7 @@ from tessera.config_common import (
 )
 from tessera.linear_kernels import AUTO, LINEAR_KERNELS
 from tessera.metrics import add_metrics_flag
+from tessera.replicas import on_this_host
 from tessera.tls import TlsFiles, add_tls_flags
 
 
@@ -62,6 +63,7 @@ class DecoderConfig:
     decode_kv_mirror_bytes: int | None  # None: a quarter of the KV cache's memory
     enable_prefix_caching: bool
     adapt_torch_threads: bool
+    encoders_share_cpus: bool | None  # None: whether every --encoders address is this host
     linear_kernel: str
     max_prefetch_bytes: int
     fetch_mode: str
@@ -83,6 +85,17 @@ class DecoderConfig:
     def prefill_token_budget(self) -> int:
         """--max-prefill-tokens-per-step, where 0 means one chunk's worth."""
         return self.max_prefill_tokens_per_step or self.max_chunk_tokens
+
+    @property
+    def hold_threads_while_encoding(self) -> bool:
+        """Whether forwards run on one torch thread while the encoders compute items this
+        decoder fetches (`ThreadGovernor.hold_one_thread`): they share its CPUs, by
+        --encoders-share-cpus or, by default, because every encoder address is this host."""
+        if not self.adapt_torch_threads or self.colocated_encoder:
+            return False
+        if self.encoders_share_cpus is not None:
+            return self.encoders_share_cpus
+        return bool(self.encoders) and all(map(on_this_host, self.encoders))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DecoderConfig:
@@ -114,6 +127,11 @@ class DecoderConfig:
             raise SystemExit(
                 "--colocated-encoder encodes media in this process: drop --encoders, or drop "
                 "--colocated-encoder to fetch rows from those encoders"
+            )
+        if config.colocated_encoder and config.encoders_share_cpus:
+            raise SystemExit(
+                "--encoders-share-cpus is for encoder services: a --colocated-encoder "
+                "computes on the decoder's compute thread, between its forwards"
             )
         if config.block_size < 1 or config.kv_cache_bytes < 1:
             raise SystemExit("--block-size and --kv-cache-bytes must be positive")
@@ -236,6 +254,15 @@ def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
         help="on a CPU, run each forward on one torch thread per CPU the rest of the host "
         "leaves free (re-decided every 0.2 s, at most --torch-threads): another process's "
         "busy CPU otherwise stalls every op at its barrier",
+    )
+    parser.add_argument(
+        "--encoders-share-cpus",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the encoders run on this host's CPUs: with --adapt-torch-threads, forwards "
+        "run on one torch thread while they compute items this decoder fetches (an "
+        "encoder's threads starting mid-forward stall it at every op; default: when every "
+        "--encoders address is a loopback address or localhost)",
     )
     parser.add_argument(
         "--linear-kernel",

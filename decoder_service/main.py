@@ -135,6 +135,8 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         # governor in this process (tests, benchmarks) may have shrunk it.
         max_threads = config.torch_threads or usable_cpus()
         threads = compute_thread().call(governor_for_this_process, max_threads)
+    if threads is not None and config.hold_threads_while_encoding:
+        log.info("the encoders share this host's CPUs: one torch thread while they compute")
     return Engine(
         family,
         Scheduler(
@@ -151,6 +153,7 @@ def build_engine(config: DecoderConfig, family: ModelFamily, encoders: ReplicaSe
         max_model_len,
         threads,
         config.stream_interval,
+        hold_threads_while_encoding=config.hold_threads_while_encoding,
     )
 
 

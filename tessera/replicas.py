@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 import time
@@ -44,6 +45,23 @@ def split_host_port(target: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"{target!r} is not host:port")
     return host.strip("[]"), int(port)
+
+
+def on_this_host(target: str) -> bool:
+    """Whether a target names this host: a loopback or unspecified address, or localhost.
+    Any other name, `dns:///` ones included, is taken to be elsewhere.
+
+    "127.0.0.1:50052", "[::1]:50052", "localhost:50052", "0.0.0.0:50052" -> True
+    "10.0.0.7:50052", "dns:///tessera-encoder:50052"                     -> False
+    """
+    host, _ = split_host_port(target.removeprefix(DNS_PREFIX))
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
 
 
 async def resolve(target: str) -> list[str]:

@@ -29,6 +29,19 @@ waits for is still being encoded (`decoder_service.engine`): the encoder's 80 ms
 were spent on those rows, and without the restart the prefill that uses them ran on one
 thread until the window ended.
 
+What no window can foresee is another process starting to compute in the middle of a
+forward: the forward running then pays at every barrier. Where the process knows such
+work is under way on its host, it says so with `hold_one_thread`: the decoder while an
+encoder on its host computes items it fetches (`decoder_service.engine`). Measured on 2
+cores (docs/benchmarks.md): decode steps of three streams took 87-128 ms on two threads
+as such an encoder's rows landed and its next image started, against 10-11 ms on one.
+The hold ends with a `restart`: what the encoder used says nothing about what comes next.
+
+    forwards on 2 threads; a request's image starts encoding on this host
+    hold_one_thread(True)  -> 1 thread, nothing read
+    its rows have all arrived
+    hold_one_thread(False) -> restart: 2 threads until the short window decides
+
 It reads /proc/stat over the CPUs of the process's affinity mask, so it runs only where
 those CPUs are all the process may use (a host, or a container pinned to CPUs); under a
 cgroup quota tighter than the mask the other tenants' time says nothing about ours, and
@@ -139,6 +152,7 @@ class ThreadGovernor:
         self._last = sample(self.cpus)
         self._window = window_seconds  # of the window running now
         self._restarted = False
+        self._held = False
 
     def restart(self) -> None:
         """The process had no work and now has some: a new, short window, every thread
@@ -147,8 +161,21 @@ class ThreadGovernor:
         self._window = min(RESTART_WINDOW_SECONDS, self._window_seconds)
         self._restarted = True
 
+    def hold_one_thread(self, hold: bool) -> None:
+        """While `hold`, every forward runs on one thread (another process on this host
+        computes for this one, see the module's docstring); letting go restarts the
+        window. Call it while no forward runs; calls that change nothing cost nothing."""
+        if hold == self._held:
+            return
+        self._held = hold
+        if not hold:
+            self.restart()
+
     def adjust(self) -> int:
         """The thread count for the next forward (re-decided once a window has passed)."""
+        if self._held:
+            self._use(1)
+            return 1
         if self._clock() - self._last.wall_seconds < self._window:
             if self._restarted:  # nothing read since the restart: every thread
                 self._restarted = False

@@ -10,15 +10,21 @@ import asyncio
 
 import grpc
 import pytest
+import torch
 
+from decoder_service.request import DecodeSpec
+from tessera.compute_thread import compute_thread
+from tessera.cpus import usable_cpus
 from tessera.encode_call import encode_announced
 from tessera.launcher import free_port
 from tessera.testbed.cluster import Cluster
 from tessera.testbed.reference import assert_greedy_match, noise_image, to_chat_inputs
+from tessera.thread_governor import ThreadGovernor, governor_for_this_process
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 from tessera.wire import media_item_to_proto
 from tests.service.test_engine import (
     MAX_NEW_TOKENS,
+    BusyHost,
     decode_spec,
     decoder_family,
     in_process_engine,
@@ -41,10 +47,10 @@ def waiting_encoder(demo_model_dir):
 
 
 def encoded_by_the_gateway_then_run(
-    address: str, family, item, engine, spec
-) -> tuple[list[int], encoder_pb2.EncoderStats, encoder_pb2.EncoderStats]:
+    address: str, family, item, engine, *specs: DecodeSpec
+) -> tuple[list[list[int]], encoder_pb2.EncoderStats, encoder_pb2.EncoderStats]:
     """The gateway's part: the item sent to `address` to be encoded, and the decode
-    request run once the item is in flight there; the tokens, and the encoder's stats
+    requests run once the item is in flight there; their tokens, and the encoder's stats
     after and before."""
 
     async def scenario():
@@ -58,7 +64,7 @@ def encoded_by_the_gateway_then_run(
             before = await stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
             encode = asyncio.create_task(encode_announced(channel, request, 120, announced.set))
             await asyncio.wait_for(announced.wait(), 60)
-            (tokens,) = await asyncio.wait_for(run_all(engine, [spec]), 120)
+            tokens = await asyncio.wait_for(run_all(engine, list(specs)), 120)
             await encode
             after = await stub.GetStats(encoder_pb2.GetEncoderStatsRequest(), timeout=10)
         return tokens, after, before
@@ -76,7 +82,7 @@ def test_an_idle_decoder_has_the_item_it_waits_for_encoded_at_once(
     (item,) = builder.build(to_chat_inputs(prompt)).items
     spec = decode_spec(family, builder, address, 0, prompt, 16)
     engine = in_process_engine(family, ["--model", str(demo_model_dir), "--encoders", address])
-    tokens, after, before = encoded_by_the_gateway_then_run(address, family, item, engine, spec)
+    (tokens,), after, before = encoded_by_the_gateway_then_run(address, family, item, engine, spec)
     assert after.num_items_computed - before.num_items_computed == 1
     assert after.num_expedite_calls - before.num_expedite_calls == 1
     assert after.num_expedited_batches - before.num_expedited_batches == 1
@@ -100,10 +106,57 @@ def test_an_item_fetched_past_an_encoder_that_is_down_is_expedited_where_it_comp
     spec = decode_spec(family, builder, [down, address], 3, prompt, 16)
     flags = ["--model", str(demo_model_dir), "--encoders", f"{down},{address}"]
     engine = in_process_engine(family, flags)
-    tokens, after, before = encoded_by_the_gateway_then_run(address, family, item, engine, spec)
+    (tokens,), after, before = encoded_by_the_gateway_then_run(address, family, item, engine, spec)
     assert after.num_items_computed - before.num_items_computed == 1
     assert after.num_expedited_batches - before.num_expedited_batches == 1
     assert_greedy_match(tokens, reference.generate(prompt, MAX_NEW_TOKENS))
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_forwards_run_on_one_thread_while_an_encoder_on_this_host_computes_their_items(
+    demo_model_dir, waiting_encoder, reference, share: bool
+):
+    """A text request decodes while an image request's item waits at the encoder (its
+    batch of two fills in ten minutes; once the text is done the engine idles and has it
+    expedited). The host looks idle to the governor throughout, yet with the encoders
+    sharing its CPUs every forward runs on one thread while the item computes, and on
+    every thread again once its rows are in; with --no-encoders-share-cpus the governor
+    alone decides: every thread. The tokens are generate()'s either way."""
+    compute = compute_thread()
+    num_threads = usable_cpus()
+    if compute.call(governor_for_this_process, num_threads) is None:
+        pytest.skip("one CPU, or a CPU quota hiding what the host shares")
+    compute.call(torch.set_num_threads, num_threads)
+    address = waiting_encoder.address("encoder")
+    family, builder = decoder_family(demo_model_dir)
+    prompt = [("user", ["Held:", noise_image(7305 + share, 40, 40), "What is in it?"])]
+    (item,) = builder.build(to_chat_inputs(prompt)).items
+    image = decode_spec(family, builder, address, 4 + share, prompt, 16)
+    text_prompt = [("user", ["Say something about the sea."])]
+    text = decode_spec(family, builder, address, 6 + share, text_prompt, 16)
+    sharing = "--encoders-share-cpus" if share else "--no-encoders-share-cpus"
+    flags = ["--model", str(demo_model_dir), "--encoders", address, sharing]
+    engine = in_process_engine(family, flags)
+    used: list[int] = []
+
+    def set_threads(count: int) -> None:
+        torch.set_num_threads(count)
+        used.append(count)
+
+    idle_host = BusyHost(others=0.0)
+    engine.threads = ThreadGovernor(
+        {0, 1}, num_threads, set_threads, idle_host.sample, window_seconds=0.0, clock=lambda: 1e9
+    )
+    try:
+        (image_tokens, text_tokens), after, before = encoded_by_the_gateway_then_run(
+            address, family, item, engine, image, text
+        )
+    finally:
+        compute.call(torch.set_num_threads, num_threads)
+    assert after.num_expedited_batches - before.num_expedited_batches == 1  # after the text
+    assert used == ([1, num_threads] if share else [])
+    assert_greedy_match(image_tokens, reference.generate(prompt, MAX_NEW_TOKENS))
+    assert_greedy_match(text_tokens, reference.generate(text_prompt, MAX_NEW_TOKENS))
 
 
 def test_an_item_the_decoder_sends_again_is_expedited_once_in_flight(

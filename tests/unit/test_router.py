@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 
+import pytest
+
 from gateway.router import DecoderRouter
 from tessera.channels import ChannelPool
 from tessera.rendezvous import encoder_order, rendezvous_order
-from tessera.replicas import ReplicaSet, resolve
+from tessera.replicas import ReplicaSet, on_this_host, resolve
 
 ENCODERS = ["10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052"]
 HASHES = [hashlib.blake2b(str(i).encode(), digest_size=32).hexdigest() for i in range(1000)]
@@ -70,6 +72,25 @@ def test_adding_an_encoder_moves_items_only_to_it():
     assert moved, "the new encoder should take some items"
     assert all(after[h] == added for h in moved)
     assert 0.15 < len(moved) / len(HASHES) < 0.35
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("127.0.0.1:50052", True),
+        ("127.0.1.1:50052", True),  # Debian's hostname address
+        ("[::1]:50052", True),
+        ("localhost:50052", True),
+        ("dns:///localhost:50052", True),
+        ("0.0.0.0:50052", True),
+        ("10.0.0.7:50052", False),
+        ("[fd00::7]:50052", False),
+        ("tessera-encoder:50052", False),  # a name could be anywhere
+        ("dns:///tessera-encoder.default.svc:50052", False),
+    ],
+)
+def test_a_target_on_this_host_is_a_loopback_or_unspecified_address(target, expected):
+    assert on_this_host(target) is expected
 
 
 def test_single_encoder_and_none():

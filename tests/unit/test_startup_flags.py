@@ -165,6 +165,33 @@ def test_the_stream_interval_defaults_to_every_token_and_refuses_less_than_one()
         config("--stream-interval", "0")
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--encoders", "127.0.0.1:50052,[::1]:50052"], True),  # tessera serve's kind
+        (["--encoders", "localhost:50052,0.0.0.0:50052"], True),
+        (["--encoders", "127.0.0.1:50052,10.0.0.7:50052"], False),  # one elsewhere
+        (["--encoders", "dns:///tessera-encoder:50052"], False),  # Kubernetes
+        (["--encoders", "10.0.0.7:50052", "--encoders-share-cpus"], True),
+        (["--encoders", "127.0.0.1:50052", "--no-encoders-share-cpus"], False),
+        (["--encoders", "127.0.0.1:50052", "--no-adapt-torch-threads"], False),
+        (["--colocated-encoder"], False),  # computes between forwards, on their thread
+        ([], False),
+    ],
+)
+def test_forwards_hold_one_thread_while_encoders_on_this_host_compute(flags, expected):
+    args = decoder_parser().parse_args(["--model", "m", *flags])
+    assert DecoderConfig.from_args(args).hold_threads_while_encoding is expected
+
+
+def test_encoders_sharing_cpus_is_refused_with_a_colocated_encoder():
+    args = decoder_parser().parse_args(
+        ["--model", "m", "--colocated-encoder", "--encoders-share-cpus"]
+    )
+    with pytest.raises(SystemExit, match="--encoders-share-cpus is for encoder services"):
+        DecoderConfig.from_args(args)
+
+
 def test_ports_and_log_levels():
     assert port_number("0") == 0 and port_number("65535") == 65535
     for bad in ("65536", "-1", "http"):

@@ -123,6 +123,30 @@ def test_after_a_restart_a_short_window_decides_and_every_thread_runs_until_it_e
     assert governor.adjust() == 1 and set_to == [1, 2, 1]
 
 
+def test_while_held_every_forward_runs_on_one_thread_and_letting_go_restarts():
+    """An encoder on this host computing the process's items: one thread, whatever the
+    window read, until the rows are in; then every thread until a short window decides."""
+    host, set_to = FakeHost(), []
+    clock = lambda: host.now.wall_seconds  # noqa: E731
+    governor = ThreadGovernor({0, 1}, 2, set_to.append, host.sample, 0.2, clock)
+    host.advance(0.2, others_busy=0.0, own_busy=0.4)
+    assert governor.adjust() == 2
+    governor.hold_one_thread(True)
+    samples = host.num_samples
+    for _ in range(3):  # windows pass with the others idle: still one thread, nothing read
+        host.advance(0.3, others_busy=0.0, own_busy=0.3)
+        assert governor.adjust() == 1
+    assert set_to == [1] and host.num_samples == samples
+    governor.hold_one_thread(True)  # said again: nothing changes
+    governor.hold_one_thread(False)
+    governor.hold_one_thread(False)
+    host.advance(0.01, others_busy=0.01, own_busy=0.02)
+    assert governor.adjust() == 2 and set_to == [1, 2]  # the restart's every thread
+    # The restart's short window (50 ms) decides: the others took a CPU meanwhile.
+    host.advance(0.05, others_busy=0.06, own_busy=0.05)
+    assert governor.adjust() == 1 and set_to == [1, 2, 1]
+
+
 def test_governor_is_off_where_it_cannot_see_what_it_shares_or_has_no_choice():
     cpus = {0, 1}
     assert governor_for_this_process(2, cpus, num_usable=1) is None  # quota of 1 CPU
