@@ -1,6 +1,14 @@
 """The decode mirror gives the step's attention exactly (bit for bit) what a gather from
 the paged store gives, while requests join, leave, skip a forward, outgrow its rows or
-do not fit its memory; a forward that raises empties it."""
+do not fit its memory; a forward that raises empties it.
+
+The attention here runs on one torch thread. The mirror's rows reach SDPA as a strided
+view (rows of its capacity, cut to the batch's width), a gather as a contiguous tensor,
+and on an AMD EPYC host MKL's multithreaded products round such operands differently in
+the last bit (6e-8 here; with MKL_CBWR=COMPATIBLE, or on one thread, not at all; on the
+Intel hosts not at all). Equal bits on one thread say what this test is for: the mirror
+holds the very keys and values a gather reads. The engine's tests check the tokens
+against generate() on every thread."""
 
 from __future__ import annotations
 
@@ -23,6 +31,14 @@ from decoder_service.scheduler import ScheduledChunk
 BLOCK_SIZE = 4
 NUM_BLOCKS = 96
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 8
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
 
 
 class Layer(torch.nn.Module):
