@@ -59,6 +59,7 @@ class EngineCounters:
     num_aborted: int = 0
     num_stalls: int = 0  # steps that could neither run nor wait (a bug: `_end_stall`)
     num_engine_errors: int = 0  # exceptions the loop caught (a bug: `_run_forever`)
+    num_held_forwards: int = 0  # on one thread while local encoders computed our items
 
 
 @dataclass(frozen=True)
@@ -211,10 +212,11 @@ class Engine:
                 self._end_stall()
             return
         self.prefetcher.expediter.not_idle()
-        self._hold_threads_while_encoding()
+        held = self._hold_threads_while_encoding()
         inputs = [self._gather(chunk) for chunk in output.chunks]
         result = await self._compute.run(self._forward_and_sample, inputs)
         self.counters.forward_seconds += result.forward_seconds
+        self.counters.num_held_forwards += held
         self.counters.num_steps += 1
         self.counters.num_batched_tokens += output.num_tokens
         self.counters.num_scheduled_requests += len(output.chunks)
@@ -312,14 +314,16 @@ class Engine:
         ):
             self.threads.restart()
 
-    def _hold_threads_while_encoding(self) -> None:
+    def _hold_threads_while_encoding(self) -> bool:
         """One torch thread while an encoder on this host computes items the running
         requests fetch: its threads start mid-forward, at moments the governor's window
         cannot foresee, and a two-thread forward then waits at every op (decode steps of
-        87-128 ms against 10-11 on one thread, thread_governor)."""
-        if self.threads is not None and self.hold_threads_while_encoding:
-            encoding = not self.prefetcher.items_all_arrived(self.scheduler.running)
-            self.threads.hold_one_thread(encoding)
+        87-128 ms against 10-11 on one thread, thread_governor). Whether it holds."""
+        if self.threads is None or not self.hold_threads_while_encoding:
+            return False
+        encoding = not self.prefetcher.items_all_arrived(self.scheduler.running)
+        self.threads.hold_one_thread(encoding)
+        return encoding
 
     def _gather(self, chunk: ScheduledChunk) -> WorkInput:
         request = self._requests[chunk.request_id]

@@ -212,6 +212,13 @@ def metric_readings(engine: Engine):
         "counter",
         engine.embeddings.num_bytes_received,
     )
+    yield (
+        "tessera_decoder_forwards_held_to_one_thread_total",
+        "Forwards run on one torch thread while encoders on this host computed items "
+        "this decoder fetched",
+        "counter",
+        engine.counters.num_held_forwards,
+    )
     mirror = engine.runner.store.mirror
     yield (
         "tessera_decoder_decode_tokens_mirrored_total",

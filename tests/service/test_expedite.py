@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from decoder_service.request import DecodeSpec
+from decoder_service.servicer import metric_readings
 from tessera.compute_thread import compute_thread
 from tessera.cpus import usable_cpus
 from tessera.encode_call import encode_announced
@@ -155,6 +156,8 @@ def test_forwards_run_on_one_thread_while_an_encoder_on_this_host_computes_their
         compute.call(torch.set_num_threads, num_threads)
     assert after.num_expedited_batches - before.num_expedited_batches == 1  # after the text
     assert used == ([1, num_threads] if share else [])
+    readings = {name: value for name, _, _, value in metric_readings(engine)}
+    assert (readings["tessera_decoder_forwards_held_to_one_thread_total"] > 0) is share
     assert_greedy_match(image_tokens, reference.generate(prompt, MAX_NEW_TOKENS))
     assert_greedy_match(text_tokens, reference.generate(text_prompt, MAX_NEW_TOKENS))
 
