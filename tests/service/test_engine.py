@@ -511,18 +511,40 @@ class BusyHost:
         return CpuSample(self.wall, self.wall * self.others, 0.0)
 
 
+def every_thread_or_skip() -> int:
+    """Gives the compute thread every CPU this process may use and returns how many, or
+    skips where no governor would run. Every CPU, not the pool's size now: an engine of
+    an earlier test adapted it to the load of the moment (a test then skipped whenever
+    that left one thread)."""
+    num_threads = usable_cpus()
+    if compute_thread().call(governor_for_this_process, num_threads) is None:
+        pytest.skip("one CPU, or a CPU quota hiding what the host shares")
+    compute_thread().call(torch.set_num_threads, num_threads)
+    return num_threads
+
+
+def recording_governor(host: BusyHost, num_threads: int) -> tuple[ThreadGovernor, list[int]]:
+    """A governor that reads `host` before every forward, and the thread counts it sets,
+    in order."""
+    used: list[int] = []
+
+    def set_threads(count: int) -> None:
+        torch.set_num_threads(count)
+        used.append(count)
+
+    governor = ThreadGovernor(
+        {0, 1}, num_threads, set_threads, host.sample, window_seconds=0.0, clock=lambda: 1e9
+    )
+    return governor, used
+
+
 @pytest.mark.parametrize("others", [1.5, 0.0])
 def test_forwards_on_the_threads_the_host_leaves_give_the_same_tokens(demo_model_dir, others):
     """With the rest of the host busy the engine's forwards run on one thread, with it
     idle on every one, and the tokens are those of an engine that never adapts."""
     family, builder = decoder_family(demo_model_dir)
     compute = compute_thread()
-    # Every CPU, not the pool's size now: an engine of an earlier test adapted it to the
-    # load of the moment (this test skipped whenever that left one thread).
-    num_threads = usable_cpus()
-    if compute.call(governor_for_this_process, num_threads) is None:
-        pytest.skip("one CPU, or a CPU quota hiding what the host shares")
-    compute.call(torch.set_num_threads, num_threads)
+    num_threads = every_thread_or_skip()
     prompts = [builder.build(to_chat_inputs(p)).token_ids for p in TEXT_PROMPTS]
     sampling = SamplingOptions(max_tokens=8, ignore_eos=True)
 
@@ -537,16 +559,7 @@ def test_forwards_on_the_threads_the_host_leaves_give_the_same_tokens(demo_model
     expected = asyncio.run(run_all(fixed, specs("fixed")))
     adapting = in_process_engine(family, ["--model", str(demo_model_dir)])
     assert adapting.threads is not None  # on by default
-    used: list[int] = []
-
-    def set_threads(count: int) -> None:
-        torch.set_num_threads(count)
-        used.append(count)
-
-    host = BusyHost(others)
-    adapting.threads = ThreadGovernor(
-        {0, 1}, num_threads, set_threads, host.sample, window_seconds=0.0, clock=lambda: 1e9
-    )
+    adapting.threads, used = recording_governor(BusyHost(others), num_threads)
     try:
         tokens = asyncio.run(run_all(adapting, specs("adapting")))
     finally:

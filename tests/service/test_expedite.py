@@ -15,12 +15,10 @@ import torch
 from decoder_service.request import DecodeSpec
 from decoder_service.servicer import metric_readings
 from tessera.compute_thread import compute_thread
-from tessera.cpus import usable_cpus
 from tessera.encode_call import encode_announced
 from tessera.launcher import free_port
 from tessera.testbed.cluster import Cluster
 from tessera.testbed.reference import assert_greedy_match, noise_image, to_chat_inputs
-from tessera.thread_governor import ThreadGovernor, governor_for_this_process
 from tessera.v1 import encoder_pb2, encoder_pb2_grpc
 from tessera.wire import media_item_to_proto
 from tests.service.test_engine import (
@@ -28,7 +26,9 @@ from tests.service.test_engine import (
     BusyHost,
     decode_spec,
     decoder_family,
+    every_thread_or_skip,
     in_process_engine,
+    recording_governor,
     run_all,
 )
 
@@ -123,11 +123,7 @@ def test_forwards_run_on_one_thread_while_an_encoder_on_this_host_computes_their
     sharing its CPUs every forward runs on one thread while the item computes, and on
     every thread again once its rows are in; with --no-encoders-share-cpus the governor
     alone decides: every thread. The tokens are generate()'s either way."""
-    compute = compute_thread()
-    num_threads = usable_cpus()
-    if compute.call(governor_for_this_process, num_threads) is None:
-        pytest.skip("one CPU, or a CPU quota hiding what the host shares")
-    compute.call(torch.set_num_threads, num_threads)
+    num_threads = every_thread_or_skip()
     address = waiting_encoder.address("encoder")
     family, builder = decoder_family(demo_model_dir)
     prompt = [("user", ["Held:", noise_image(7305 + share, 40, 40), "What is in it?"])]
@@ -138,22 +134,13 @@ def test_forwards_run_on_one_thread_while_an_encoder_on_this_host_computes_their
     sharing = "--encoders-share-cpus" if share else "--no-encoders-share-cpus"
     flags = ["--model", str(demo_model_dir), "--encoders", address, sharing]
     engine = in_process_engine(family, flags)
-    used: list[int] = []
-
-    def set_threads(count: int) -> None:
-        torch.set_num_threads(count)
-        used.append(count)
-
-    idle_host = BusyHost(others=0.0)
-    engine.threads = ThreadGovernor(
-        {0, 1}, num_threads, set_threads, idle_host.sample, window_seconds=0.0, clock=lambda: 1e9
-    )
+    engine.threads, used = recording_governor(BusyHost(others=0.0), num_threads)
     try:
         (image_tokens, text_tokens), after, before = encoded_by_the_gateway_then_run(
             address, family, item, engine, image, text
         )
     finally:
-        compute.call(torch.set_num_threads, num_threads)
+        compute_thread().call(torch.set_num_threads, num_threads)
     assert after.num_expedited_batches - before.num_expedited_batches == 1  # after the text
     assert used == ([1, num_threads] if share else [])
     readings = {name: value for name, _, _, value in metric_readings(engine)}
