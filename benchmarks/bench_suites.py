@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import disagg, fleet, growth, latency, plots, report, wire
+from benchmarks import ceiling, disagg, fleet, growth, latency, must_show, plots, report, wire
 from benchmarks.workloads import Spec
 
 # Families that take video: the video suite runs on the run's model when it is one.
@@ -142,6 +142,26 @@ class Suites:
             f"{self.step['generate_ms']:.2f} ms per token; the engine's linears: "
             f"{self.step['linear_kernel']}.\n",
             self.step["table"],
+            "",
+        ]
+
+    def ceiling_suite(self) -> None:
+        """The host's bounds (benchmarks.ceiling), which the must-show figures are read
+        against: the parts' costs measured alone the same hour as the run."""
+        out = self.args.out / "ceiling.json"
+        burst = ceiling.first_burst(self.scale.cells, tuple(self.env["image_sides"]))
+        command = [sys.executable, "-m", "benchmarks.ceiling", "--model", self.model]
+        command += ["--burst", str(burst.num_prompts), str(burst.num_new_images)]
+        quick = ["--repeats", "1"] if self.args.quick else []
+        subprocess.run([*command, "--json", str(out), *quick], check=True)
+        figures = json.loads(out.read_text())
+        self.results["ceiling"] = figures
+        ratios = {name: must_show.throughput(name)(self.results) for name, *_ in ceiling.CELLS}
+        measured = {name: ratio for name, ratio in ratios.items() if ratio is not None}
+        self.md += [
+            "## The host's bounds (the parts alone, in a process of their own)\n",
+            figures["summary"] + ".\n",
+            ceiling.table(figures["ceilings"], measured),
             "",
         ]
 

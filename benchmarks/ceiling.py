@@ -17,20 +17,32 @@ step(4) 5.0 ms. `generate()`: 20 + 55 + 132 = 207 ms a request. With 80% of imag
 cached: 4 + 55 + 50 = 109 ms, a ceiling of 1.90x; with none cached 20 + 55 + 50 = 125 ms,
 1.66x.
 
+The same parts give a floor for the time to first token of a burst of prompts that
+arrive together (the reuse80-c16 cell's first 16 requests, most of whose images are
+new): before its last prompt's first token, every prompt of the burst has been
+prefilled and every new image decoded, processed and through the tower, and no schedule
+makes that work take less than its CPU time over the cores (`burst_floor_ms`). With
+nearest-rank percentiles the cell's TTFT p99 over 64 requests is its largest TTFT, and
+the first burst's last first token is the largest.
+
     python -m benchmarks.ceiling [--model DIR] [--prompt-tokens 320] [--output-tokens 40]
+                                 [--burst PROMPTS NEW_IMAGES] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import contextlib
+import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 
 from benchmarks.common import bench_model, markdown_table
+from benchmarks.scale import FULL
 from benchmarks.step import (
     NUM_DECODE_TOKENS,
     engine_forward_seconds,
@@ -39,8 +51,10 @@ from benchmarks.step import (
     prompts,
     tessera_step,
 )
+from benchmarks.workloads import Spec, requests_for
 from tessera.adapters import LoadOptions, MediaInput, ModelPart, load_family
 from tessera.compute_thread import compute_thread
+from tessera.cpus import usable_cpus
 from tessera.media import decode_image
 from tessera.testbed.media import noise_image
 
@@ -51,17 +65,36 @@ CELLS = [
     ("reuse80-c16", 0.8, 16, 3.0),
     ("reuse0-c4", 0.0, 4, 1.3),
 ]
+BURST_CELL = "reuse80-c16"  # its first group of requests is the burst of the TTFT floor
 
 
 @dataclass(frozen=True)
 class PartCosts:
-    """Milliseconds of each part, alone, on every core of this machine."""
+    """Milliseconds of each part, alone; on every core of this machine unless named."""
 
-    vision_ms: float  # one image's vision pass (the encoder's own `encode`)
+    vision_ms: float  # one image: its file decoded, processed and through the tower
     prefill_ms: float  # the decoder engine's prefill of one prompt
     generate_prefill_ms: float  # generate()'s prefill of the same prompt
     generate_token_ms: float  # generate()'s cost per output token
     step_ms: dict[int, float]  # the engine's decode step, by requests decoding
+    # The image and the prefill again on one torch thread: beside other work (a burst's
+    # encodes and prefills run side by side) a part costs the cores no more CPU time
+    # than this, nor more than its time on every core times the cores.
+    vision_one_thread_ms: float
+    prefill_one_thread_ms: float
+    num_cpus: int
+
+    def cpu_ms(self, every_core_ms: float, one_thread_ms: float) -> float:
+        """The least CPU time the part is known to need."""
+        return min(one_thread_ms, every_core_ms * self.num_cpus)
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Prompts arriving together, and how many distinct images among them are new."""
+
+    num_prompts: int
+    num_new_images: int
 
 
 def timed(function: Callable, *args) -> float:
@@ -75,10 +108,28 @@ def best_ms(seconds: Callable[[], float], repeats: int) -> float:
 
 
 def vision_ms(model: str, repeats: int) -> float:
+    """One 224 px image's file decoded, processed and encoded, in ms: the fastest of
+    `repeats` images (on the calling thread's torch threads; other work only adds)."""
     family = load_family(model, LoadOptions(ModelPart.PROCESSOR | ModelPart.MEDIA_ENCODER))
-    images = [MediaInput(decode_image(noise_image(seed, 224, 224))) for seed in range(repeats)]
-    family.encode(images[:1])  # warm-up
-    return statistics.median(timed(family.encode, [image]) * 1000 for image in images)
+    files = [noise_image(seed, 224, 224) for seed in range(repeats)]
+    family.encode([MediaInput(decode_image(files[0]))])  # warm-up
+
+    def image(data: bytes) -> float:
+        return timed(lambda: family.encode([MediaInput(decode_image(data))])) * 1000
+
+    return min(image(data) for data in files)
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """The compute thread's torch ops on one thread inside, as many as before after."""
+    compute = compute_thread()
+    before = compute.call(torch.get_num_threads)
+    compute.call(torch.set_num_threads, 1)
+    try:
+        yield
+    finally:
+        compute.call(torch.set_num_threads, before)
 
 
 def generate_costs(model: str, prompt_tokens: int, repeats: int) -> tuple[float, float]:
@@ -95,12 +146,28 @@ def measure(model: str, prompt_tokens: int, batch_sizes: list[int], repeats: int
     compute = compute_thread()
     family = load_language_model(model)
     token_ids = prompts(1, prompt_tokens, family.vocab_size)
-    engine_forward_seconds(family, model, token_ids, 0)  # warm-up
-    prefill = min(engine_forward_seconds(family, model, token_ids, 0) for _ in range(repeats))
+
+    def prefill_ms(*flags: str) -> float:
+        engine_forward_seconds(family, model, token_ids, 0, flags)  # warm-up
+        runs = (engine_forward_seconds(family, model, token_ids, 0, flags) for _ in range(repeats))
+        return min(runs) * 1000
+
+    with one_torch_thread():  # and no thread governor to raise it (--torch-threads 1)
+        prefill_one_thread = prefill_ms("--torch-threads", "1")
+        vision_one_thread = compute.call(vision_ms, model, repeats)
+    prefill = prefill_ms()
     steps = {c: tessera_step(family, model, c, prompt_tokens, repeats) * 1000 for c in batch_sizes}
     generate_prefill, generate_token = compute.call(generate_costs, model, prompt_tokens, repeats)
-    vision = compute.call(vision_ms, model, repeats)
-    return PartCosts(vision, prefill * 1000, generate_prefill, generate_token, steps)
+    return PartCosts(
+        vision_ms=compute.call(vision_ms, model, repeats),
+        prefill_ms=prefill,
+        generate_prefill_ms=generate_prefill,
+        generate_token_ms=generate_token,
+        step_ms=steps,
+        vision_one_thread_ms=vision_one_thread,
+        prefill_one_thread_ms=prefill_one_thread,
+        num_cpus=usable_cpus(),
+    )
 
 
 def ceiling(costs: PartCosts, reuse: float, clients: int, output_tokens: float) -> float:
@@ -111,19 +178,61 @@ def ceiling(costs: PartCosts, reuse: float, clients: int, output_tokens: float) 
     return generate / server
 
 
-def table(costs: PartCosts, output_tokens: float, measured: dict[str, float]) -> str:
-    rows = []
-    for name, reuse, clients, target in CELLS:
-        bound = ceiling(costs, reuse, clients, output_tokens)
-        rows.append(
-            [
-                name,
-                f"{bound:.2f}x",
-                f"{target:.1f}x" if target else "-",
-                f"{measured[name]:.2f}x" if name in measured else "-",
-            ]
-        )
+def burst_floor_ms(costs: PartCosts, burst: Burst) -> float:
+    """The earliest the last first token of `burst` can come, in ms after it arrives: its
+    new images and all its prefills, at their least CPU time, spread over every core
+    with nothing lost (the cheaper of the engine's and generate()'s prefill per prompt).
+
+    Worked example: 16 prompts, 10 new images, 2 CPUs; an image 90 ms on one thread and
+    54 on two (108 CPU-ms: 90 counts), a prefill 100 ms on one thread and 53 on two
+    (106: 100 counts; generate()'s 50 on two, 100: 100) -> (10 x 90 + 16 x 100) / 2 =
+    1250 ms.
+    """
+    image = costs.cpu_ms(costs.vision_ms, costs.vision_one_thread_ms)
+    prefill_every_core = min(costs.prefill_ms, costs.generate_prefill_ms)
+    prefill = costs.cpu_ms(prefill_every_core, costs.prefill_one_thread_ms)
+    return (burst.num_new_images * image + burst.num_prompts * prefill) / costs.num_cpus
+
+
+def ceilings(costs: PartCosts, output_tokens: float) -> dict[str, float]:
+    return {
+        name: ceiling(costs, reuse, clients, output_tokens) for name, reuse, clients, _ in CELLS
+    }
+
+
+def table(ceilings_by_cell: dict[str, float], measured: dict[str, float]) -> str:
+    rows = [
+        [
+            name,
+            f"{ceilings_by_cell[name]:.2f}x",
+            f"{target:.1f}x" if target else "-",
+            f"{measured[name]:.2f}x" if name in measured else "-",
+        ]
+        for name, _, _, target in CELLS
+    ]
     return markdown_table(["cell", "ceiling", "target", "measured"], rows)
+
+
+def first_burst(cells: list[tuple[Spec, int]], image_sides: tuple[int, int]) -> Burst:
+    """The burst of the TTFT floor: `BURST_CELL`'s first group of requests among a run's
+    `cells` (benchmarks.scale), drawn at the run's image sides. Its distinct images are
+    all new: every run draws fresh ones."""
+    spec, clients = next((s, c) for s, c in cells if s.name == BURST_CELL)
+    group = requests_for(replace(spec, image_side=image_sides))[:clients]
+    return Burst(len(group), len({item for request in group for item in request.items}))
+
+
+def summary(costs: PartCosts, output_tokens: float, burst: Burst) -> str:
+    return (
+        f"vision {costs.vision_ms:.1f} ms ({costs.vision_one_thread_ms:.1f} on one thread), "
+        f"prefill {costs.prefill_ms:.1f} ms ({costs.prefill_one_thread_ms:.1f} on one thread; "
+        f"generate() {costs.generate_prefill_ms:.1f}), generate() token "
+        f"{costs.generate_token_ms:.2f} ms, "
+        + ", ".join(f"step({c}) {ms:.2f} ms" for c, ms in costs.step_ms.items())
+        + f"; TTFT floor of a burst of {burst.num_prompts} prompts with "
+        f"{burst.num_new_images} new images on {costs.num_cpus} CPUs: "
+        f"{burst_floor_ms(costs, burst):.0f} ms"
+    )
 
 
 def main() -> None:
@@ -131,7 +240,14 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--prompt-tokens", type=int, default=320)
     parser.add_argument("--output-tokens", type=float, default=40.0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--burst",
+        type=int,
+        nargs=2,
+        metavar=("PROMPTS", "NEW_IMAGES"),
+        help=f"the TTFT floor's burst (default: {BURST_CELL}'s first, at the run's image sides)",
+    )
     parser.add_argument(
         "--measured",
         nargs="*",
@@ -139,18 +255,32 @@ def main() -> None:
         metavar="CELL=RATIO",
         help="measured tessera / generate() ratios to print beside the ceilings",
     )
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = compute_thread().call(bench_model, args.model, "llava")
     batch_sizes = sorted({clients for _, _, clients, _ in CELLS})
     costs = measure(model, args.prompt_tokens, batch_sizes, args.repeats)
-    print(
-        f"vision {costs.vision_ms:.1f} ms, prefill {costs.prefill_ms:.1f} ms (generate() "
-        f"{costs.generate_prefill_ms:.1f}), generate() token {costs.generate_token_ms:.2f} ms, "
-        + ", ".join(f"step({c}) {ms:.2f} ms" for c, ms in costs.step_ms.items())
-    )
+    if args.burst:
+        burst = Burst(*args.burst)
+    else:
+        from benchmarks.run import DEFAULT_IMAGE_SIDES
+
+        burst = first_burst(FULL.cells, DEFAULT_IMAGE_SIDES)
+    print(summary(costs, args.output_tokens, burst))
     measured = {cell: float(ratio) for cell, ratio in (m.split("=") for m in args.measured)}
-    print(table(costs, args.output_tokens, measured))
+    print(table(ceilings(costs, args.output_tokens), measured))
+    if args.json:
+        figures = {
+            "costs": asdict(costs),
+            "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens,
+            "ceilings": ceilings(costs, args.output_tokens),
+            "burst": asdict(burst),
+            "burst_floor_ms": burst_floor_ms(costs, burst),
+            "summary": summary(costs, args.output_tokens, burst),
+        }
+        args.json.write_text(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -43,18 +43,30 @@ SHOWN = Target("a table", lambda value: True)  # asked for, not judged
 
 
 @dataclass(frozen=True)
+class Bound:
+    """The most any server could reach on the run's host, from the parts' costs measured
+    alone the same hour (the run's `ceiling` suite, benchmarks.ceiling): a throughput
+    ceiling or a latency floor. A target the bound itself misses is out of reach there."""
+
+    name: str  # "ceiling", "floor"
+    value: Callable[[Results], float | None]  # None: the run has no ceiling suite
+    unit: str
+
+
+@dataclass(frozen=True)
 class Figure:
     label: str
     target: Target
     value: Callable[[Results], float | None]  # None: the run has no such figure
     text: Callable[[Results, float], str]
+    bound: Bound | None = None
 
 
 def _cell(results: Results, name: str) -> dict | None:
     return next((c for c in results.get("cells", []) if c["name"] == name), None)
 
 
-def _throughput(cell_name: str) -> Callable[[Results], float | None]:
+def throughput(cell_name: str) -> Callable[[Results], float | None]:
     def value(results: Results) -> float | None:
         cell = _cell(results, cell_name)
         if cell is None or not {"tessera", "hf-generate"} <= set(cell["arms"]):
@@ -87,6 +99,18 @@ def _wire(results: Results) -> float | None:
     if "decoder client" not in speeds or "raw TCP" not in speeds:
         return None
     return speeds["decoder client"] / speeds["raw TCP"]
+
+
+def _ceiling(cell_name: str) -> Bound:
+    def value(results: Results) -> float | None:
+        return results.get("ceiling", {}).get("ceilings", {}).get(cell_name)
+
+    return Bound("ceiling", value, "x")
+
+
+def _burst_floor(results: Results) -> float | None:
+    floor_ms = results.get("ceiling", {}).get("burst_floor_ms")
+    return None if floor_ms is None else floor_ms / 1000
 
 
 def _ttft_p99_c16(results: Results) -> float | None:
@@ -182,20 +206,23 @@ FIGURES = (
     Figure(
         "throughput vs `generate()`, reuse80-c4",
         at_least(2.0),
-        _throughput("reuse80-c4"),
+        throughput("reuse80-c4"),
         _times,
+        _ceiling("reuse80-c4"),
     ),
     Figure(
         "throughput vs `generate()`, reuse0-c4",
         at_least(1.3),
-        _throughput("reuse0-c4"),
+        throughput("reuse0-c4"),
         _times,
+        _ceiling("reuse0-c4"),
     ),
     Figure(
         "throughput vs `generate()`, reuse80-c16",
         at_least(3.0),
-        _throughput("reuse80-c16"),
+        throughput("reuse80-c16"),
         _times,
+        _ceiling("reuse80-c16"),
     ),
     Figure(
         "outputs equal to `generate()`",
@@ -226,6 +253,7 @@ FIGURES = (
         at_most(1.2, " s"),
         _ttft_p99_c16,
         lambda r, v: f"{v:.2f} s",
+        Bound("floor", _burst_floor, " s"),
     ),
     Figure(
         "1536 px TTFT overhead over 512 px, vs `generate()`'s",
@@ -249,17 +277,29 @@ FIGURES = (
 
 
 def column(results: Results) -> list[str]:
-    """One run's cell for each figure: its value, and whether it meets the target."""
+    """One run's cell for each figure: its value, the host's bound where the run measured
+    it, and whether the value meets the target (and the bound could).
+
+    Example: reuse80-c4 at 1.45x with a ceiling of 2.71x -> "1.45x (this host's ceiling
+    2.71x): **missed**"; TTFT p99 2.27 s with a floor of 1.31 s against <= 1.2 s ->
+    "2.27 s (this host's floor 1.31 s): **missed**, out of reach on this host".
+    """
     cells = []
     for figure in FIGURES:
         value = figure.value(results)
         if value is None:
             cells.append("-")
             continue
+        text = figure.text(results, value)
         verdict = "met" if figure.target.meets(value) else "**missed**"
         if figure.target is SHOWN:
             verdict = "shown"
-        cells.append(f"{figure.text(results, value)}: {verdict}")
+        bound = figure.bound.value(results) if figure.bound else None
+        if bound is not None:
+            text += f" (this host's {figure.bound.name} {bound:.2f}{figure.bound.unit})"
+            if not figure.target.meets(value) and not figure.target.meets(bound):
+                verdict += ", out of reach on this host"
+        cells.append(f"{text}: {verdict}")
     return cells
 
 

@@ -13,19 +13,19 @@ from tessera.demo_models import AUDIO_DEMO_FAMILIES
 from tessera.testbed.devices import DTYPES
 
 SUITES = [
-    *("arms", "chunks", "poisson", "latency", "wire", "step", "growth", "fleet", "disagg"),
-    "video",
+    *("arms", "chunks", "poisson", "latency", "wire", "step", "ceiling", "growth", "fleet"),
+    *("disagg", "video"),
 ]
 # Suites whose workloads are images whatever the family (latency: 4 items of a prompt
-# in one chunk, beyond a context of 30 s clips).
-IMAGE_ONLY_SUITES = ("latency", "growth", "wire", "fleet", "disagg")
+# in one chunk, beyond a context of 30 s clips; ceiling: the vision pass of one image).
+IMAGE_ONLY_SUITES = ("latency", "ceiling", "growth", "wire", "fleet", "disagg")
 # Suites that compare the baseline arms (the others need only generate() and tessera).
 BASELINE_SUITES = ("arms", "chunks", "poisson", "fleet")
 # Suites that start processes of their own rather than use the run's deployments. They run
 # once those are stopped: the two sets together took more than this 24 GB host's memory
 # (no swap), and the kernel's reclaim at 100% system CPU stalled video requests for a
 # minute and made the gateway refuse a clip as too slow to decode.
-OWN_PROCESS_SUITES = ("step", "video")
+OWN_PROCESS_SUITES = ("step", "ceiling", "video")
 # Suites that reach the services only through ServiceArm (which takes the TLS files).
 TLS_SUITES = ("arms", "chunks", "poisson", "growth")
 

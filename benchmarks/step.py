@@ -22,7 +22,7 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +54,11 @@ def prompts(num_requests: int, num_tokens: int, vocab: int) -> list[tuple[int, .
     ]
 
 
-def decoder_config(model: str) -> DecoderConfig:
-    """The decoder's defaults, with room for every prompt of the largest batch."""
-    flags = ["--model", model, "--max-num-seqs", "64", "--max-num-batched-tokens", "8192"]
-    return DecoderConfig.from_args(build_decoder_parser().parse_args(flags))
+def decoder_config(model: str, flags: Sequence[str] = ()) -> DecoderConfig:
+    """The decoder's defaults and `flags`, with room for every prompt of the largest batch."""
+    room = ["--max-num-seqs", "64", "--max-num-batched-tokens", "8192"]
+    args = build_decoder_parser().parse_args(["--model", model, *room, *flags])
+    return DecoderConfig.from_args(args)
 
 
 def load_language_model(model: str):
@@ -66,9 +67,12 @@ def load_language_model(model: str):
     return compute_thread().call(load_family, model, load_options(decoder_config(model)))
 
 
-def engine_forward_seconds(family, model: str, token_ids: list[tuple[int, ...]], k: int) -> float:
-    """Forward time of one engine serving every prompt together, `1 + k` tokens each."""
-    config = decoder_config(model)
+def engine_forward_seconds(
+    family, model: str, token_ids: list[tuple[int, ...]], k: int, flags: Sequence[str] = ()
+) -> float:
+    """Forward time of one engine (the decoder's `flags`) serving every prompt together,
+    `1 + k` tokens each."""
+    config = decoder_config(model, flags)
     engine = build_engine(config, family, encoder_replicas(config))
 
     async def run() -> None:

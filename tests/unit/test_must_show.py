@@ -81,3 +81,46 @@ def test_the_large_image_figure_is_judged_on_the_mutual_tls_deployment(results):
     assert cell.startswith("tessera 2.0")  # plaintext: ~2.03x, missed on its own
     assert "tessera-mtls 1.40x" in cell
     assert cell.endswith(": met")
+
+
+def _with_bounds(results: dict, reuse80_c4: float, floor_ms: float) -> dict:
+    """The run's results as if it had had a ceiling suite (benchmarks.ceiling)."""
+    bounds = {"ceilings": {"reuse80-c4": reuse80_c4}, "burst_floor_ms": floor_ms}
+    return {**results, "ceiling": bounds}
+
+
+def _cell_of(column: list[str], label: str) -> str:
+    return column[[f.label for f in must_show.FIGURES].index(label)]
+
+
+def test_the_host_bounds_are_shown_and_say_when_a_target_is_out_of_reach(results):
+    column = must_show.column(_with_bounds(results, reuse80_c4=2.71, floor_ms=1310.0))
+    assert _cell_of(column, "throughput vs `generate()`, reuse80-c4") == (
+        "1.35x (this host's ceiling 2.71x): **missed**"
+    )
+    # A floor above the 1.2 s target: no server gets there on this host.
+    assert _cell_of(column, "TTFT p99 at 16 clients") == (
+        "2.00 s (this host's floor 1.31 s): **missed**, out of reach on this host"
+    )
+    # A cell the run's ceiling suite has no ceiling for shows none.
+    assert _cell_of(column, "throughput vs `generate()`, reuse0-c4") == "1.19x: **missed**"
+
+
+def test_a_ceiling_below_the_target_puts_it_out_of_reach(results):
+    column = must_show.column(_with_bounds(results, reuse80_c4=1.9, floor_ms=1100.0))
+    assert _cell_of(column, "throughput vs `generate()`, reuse80-c4") == (
+        "1.35x (this host's ceiling 1.90x): **missed**, out of reach on this host"
+    )
+    assert _cell_of(column, "TTFT p99 at 16 clients") == (
+        "2.00 s (this host's floor 1.10 s): **missed**"
+    )
+
+
+def test_a_met_target_stays_met_whatever_the_bound_reads(results):
+    """A bound measured in a noisier minute than the cell must not turn a met target
+    into an unreachable one."""
+    faster = {**results, "cells": json.loads(json.dumps(results["cells"]))}
+    cell = next(c for c in faster["cells"] if c["name"] == "reuse80-c16")
+    cell["arms"]["tessera"]["ttft_p99_ms"] = 1100.0
+    column = must_show.column(_with_bounds(faster, reuse80_c4=1.9, floor_ms=2500.0))
+    assert _cell_of(column, "TTFT p99 at 16 clients") == "1.10 s (this host's floor 2.50 s): met"
