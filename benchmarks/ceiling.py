@@ -44,12 +44,12 @@ import torch
 from benchmarks.common import bench_model, markdown_table
 from benchmarks.scale import FULL
 from benchmarks.step import (
-    NUM_DECODE_TOKENS,
     engine_forward_seconds,
     generate_timer,
     load_language_model,
     prompts,
     tessera_step,
+    token_costs,
 )
 from benchmarks.workloads import Spec, requests_for
 from tessera.adapters import LoadOptions, MediaInput, ModelPart, load_family
@@ -103,10 +103,6 @@ def timed(function: Callable, *args) -> float:
     return time.perf_counter() - started
 
 
-def best_ms(seconds: Callable[[], float], repeats: int) -> float:
-    return min(seconds() for _ in range(repeats)) * 1000  # the least disturbed by other work
-
-
 def vision_ms(model: str, repeats: int) -> float:
     """One 224 px image's file decoded, processed and encoded, in ms: the fastest of
     `repeats` images (on the calling thread's torch threads; other work only adds)."""
@@ -132,14 +128,6 @@ def one_torch_thread() -> Iterator[None]:
         compute.call(torch.set_num_threads, before)
 
 
-def generate_costs(model: str, prompt_tokens: int, repeats: int) -> tuple[float, float]:
-    """generate()'s prefill (one token out) and its cost per further token, in ms."""
-    seconds = generate_timer(model, prompt_tokens)
-    prefill = best_ms(lambda: seconds(1), repeats)
-    tokens = 1 + NUM_DECODE_TOKENS
-    return prefill, (best_ms(lambda: seconds(tokens), repeats) - prefill) / NUM_DECODE_TOKENS
-
-
 def measure(model: str, prompt_tokens: int, batch_sizes: list[int], repeats: int) -> PartCosts:
     # Every torch op on the one compute thread, as the services run them; the engine
     # (tessera_step) hands its own work to that thread, so this runs beside it.
@@ -157,12 +145,13 @@ def measure(model: str, prompt_tokens: int, batch_sizes: list[int], repeats: int
         vision_one_thread = compute.call(vision_ms, model, repeats)
     prefill = prefill_ms()
     steps = {c: tessera_step(family, model, c, prompt_tokens, repeats) * 1000 for c in batch_sizes}
-    generate_prefill, generate_token = compute.call(generate_costs, model, prompt_tokens, repeats)
+    # generate() loads its model and runs on the compute thread too.
+    generate = compute.call(lambda: token_costs(generate_timer(model, prompt_tokens), repeats))
     return PartCosts(
         vision_ms=compute.call(vision_ms, model, repeats),
         prefill_ms=prefill,
-        generate_prefill_ms=generate_prefill,
-        generate_token_ms=generate_token,
+        generate_prefill_ms=generate.prefill_seconds * 1000,
+        generate_token_ms=generate.token_seconds * 1000,
         step_ms=steps,
         vision_one_thread_ms=vision_one_thread,
         prefill_one_thread_ms=prefill_one_thread,

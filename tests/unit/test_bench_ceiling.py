@@ -1,5 +1,6 @@
 """The host's bounds (benchmarks/ceiling.py): the throughput ceiling and the burst's TTFT
-floor, on their worked examples."""
+floor, on their worked examples; and the per-token cost they and the step suite read
+(benchmarks/step.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from benchmarks.ceiling import Burst, PartCosts, burst_floor_ms, ceiling, first_burst
 from benchmarks.scale import FULL, QUICK
+from benchmarks.step import NUM_DECODE_TOKENS, token_costs
 
 COSTS = PartCosts(
     vision_ms=20.0,
@@ -73,3 +75,18 @@ def test_the_burst_is_the_runs_first_group_of_sixteen():
     assert first_burst(FULL.cells, (96, 320)) == Burst(num_prompts=16, num_new_images=10)
     # --quick: one group of 16 requests, 3 distinct images (20% of 16).
     assert first_burst(QUICK.cells, (96, 320)) == Burst(num_prompts=16, num_new_images=3)
+
+
+def test_token_costs_takes_the_best_of_each_run_length_not_the_best_difference():
+    """The docstring's example: the short runs' best is 40 ms, the long runs' 196 ms."""
+    times = iter([0.040, 0.200, 0.041, 0.196, 0.044, 0.230])  # alternating 1, 33 tokens
+    asked = []
+
+    def seconds(num_tokens: int) -> float:
+        asked.append(num_tokens)
+        return next(times)
+
+    costs = token_costs(seconds, repeats=3)
+    assert asked == [1, 1 + NUM_DECODE_TOKENS] * 3
+    assert costs.prefill_seconds == pytest.approx(0.040)
+    assert costs.token_seconds == pytest.approx((0.196 - 0.040) / NUM_DECODE_TOKENS)
