@@ -93,27 +93,33 @@ def _cell_of(column: list[str], label: str) -> str:
     return column[[f.label for f in must_show.FIGURES].index(label)]
 
 
-def test_the_host_bounds_are_shown_and_say_when_a_target_is_out_of_reach(results):
-    column = must_show.column(_with_bounds(results, reuse80_c4=2.71, floor_ms=1310.0))
-    assert _cell_of(column, "throughput vs `generate()`, reuse80-c4") == (
-        "1.35x (this host's ceiling 2.71x): **missed**"
-    )
-    # A floor above the 1.2 s target: no server gets there on this host.
-    assert _cell_of(column, "TTFT p99 at 16 clients") == (
-        "2.00 s (this host's floor 1.31 s): **missed**, out of reach on this host"
-    )
+@pytest.mark.parametrize(
+    ("ceiling", "floor_ms", "throughput_cell", "ttft_cell"),
+    [
+        # A floor above the 1.2 s target: no server gets there on this host.
+        (
+            2.71,
+            1310.0,
+            "1.35x (this host's ceiling 2.71x): **missed**",
+            "2.00 s (this host's floor 1.31 s): **missed**, out of reach on this host",
+        ),
+        # A ceiling below the 2x target, a floor below the 1.2 s one.
+        (
+            1.9,
+            1100.0,
+            "1.35x (this host's ceiling 1.90x): **missed**, out of reach on this host",
+            "2.00 s (this host's floor 1.10 s): **missed**",
+        ),
+    ],
+)
+def test_the_host_bounds_are_shown_and_say_when_a_target_is_out_of_reach(
+    results, ceiling, floor_ms, throughput_cell, ttft_cell
+):
+    column = must_show.column(_with_bounds(results, reuse80_c4=ceiling, floor_ms=floor_ms))
+    assert _cell_of(column, "throughput vs `generate()`, reuse80-c4") == throughput_cell
+    assert _cell_of(column, "TTFT p99 at 16 clients") == ttft_cell
     # A cell the run's ceiling suite has no ceiling for shows none.
     assert _cell_of(column, "throughput vs `generate()`, reuse0-c4") == "1.19x: **missed**"
-
-
-def test_a_ceiling_below_the_target_puts_it_out_of_reach(results):
-    column = must_show.column(_with_bounds(results, reuse80_c4=1.9, floor_ms=1100.0))
-    assert _cell_of(column, "throughput vs `generate()`, reuse80-c4") == (
-        "1.35x (this host's ceiling 1.90x): **missed**, out of reach on this host"
-    )
-    assert _cell_of(column, "TTFT p99 at 16 clients") == (
-        "2.00 s (this host's floor 1.10 s): **missed**"
-    )
 
 
 def test_a_met_target_stays_met_whatever_the_bound_reads(results):
