@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import bench_model, markdown_table
-from benchmarks.scale import FULL
+from benchmarks.scale import DEFAULT_IMAGE_SIDES, FULL
 from benchmarks.step import (
     engine_forward_seconds,
     generate_timer,
@@ -250,12 +250,7 @@ def main() -> None:
     model = compute_thread().call(bench_model, args.model, "llava")
     batch_sizes = sorted({clients for _, _, clients, _ in CELLS})
     costs = measure(model, args.prompt_tokens, batch_sizes, args.repeats)
-    if args.burst:
-        burst = Burst(*args.burst)
-    else:
-        from benchmarks.run import DEFAULT_IMAGE_SIDES
-
-        burst = first_burst(FULL.cells, DEFAULT_IMAGE_SIDES)
+    burst = Burst(*args.burst) if args.burst else first_burst(FULL.cells, DEFAULT_IMAGE_SIDES)
     print(summary(costs, args.output_tokens, burst))
     measured = {cell: float(ratio) for cell, ratio in (m.split("=") for m in args.measured)}
     print(table(ceilings(costs, args.output_tokens), measured))

@@ -31,7 +31,7 @@ from benchmarks.bench_suites import Suites
 from benchmarks.common import bench_model, environment
 from benchmarks.inprocess import HfGenerate, ReencodePerChunk
 from benchmarks.options import BASELINE_SUITES, parse_args, run_bench, scale_of
-from benchmarks.scale import Scale
+from benchmarks.scale import DEFAULT_IMAGE_SIDES, IMAGE_SIDES, Scale
 from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
 from benchmarks.workloads import Spec
@@ -41,10 +41,6 @@ from tessera.testbed.redis_server import PrivateRedis
 from tessera.testbed.reference import Reference
 from tessera.tls import TlsFiles
 
-# Image sides (min, max) in px drawn by the workloads, by family: dynamic-resolution
-# families get images from 200 px to 1500 px (Qwen2.5-VL bench: ~50 to ~2500 rows).
-IMAGE_SIDES = {name: (200, 1500) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")}
-DEFAULT_IMAGE_SIDES = (96, 320)
 # Audio families draw clips of 2-30 s instead of images (a Qwen2-Audio window is 30 s).
 CLIP_SECONDS = (2.0, 30.0)
 # Room for a whole prompt in one chunk (the latency suite's unchunked case); every other

@@ -1,10 +1,16 @@
-"""How many requests each suite sends: `--quick` (under five minutes on 2 cores) or full."""
+"""How many requests each suite sends (`--quick`, under five minutes on 2 cores, or full),
+and the image sides the workloads draw."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from benchmarks.workloads import Spec
+
+# Image sides (min, max) in px drawn by the workloads, by family: dynamic-resolution
+# families get images from 200 px to 1500 px (Qwen2.5-VL bench: ~50 to ~2500 rows).
+IMAGE_SIDES = {name: (200, 1500) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe")}
+DEFAULT_IMAGE_SIDES = (96, 320)
 
 
 @dataclass(frozen=True)
