@@ -52,7 +52,7 @@ from benchmarks.step import (
     token_costs,
 )
 from benchmarks.workloads import Spec, requests_for
-from tessera.adapters import LoadOptions, MediaInput, ModelPart, load_family
+from tessera.adapters import LoadOptions, MediaInput, ModelFamily, ModelPart, load_family
 from tessera.compute_thread import compute_thread
 from tessera.cpus import usable_cpus
 from tessera.media import decode_image
@@ -103,10 +103,13 @@ def timed(function: Callable, *args) -> float:
     return time.perf_counter() - started
 
 
-def vision_ms(model: str, repeats: int) -> float:
+def load_vision(model: str) -> ModelFamily:
+    return load_family(model, LoadOptions(ModelPart.PROCESSOR | ModelPart.MEDIA_ENCODER))
+
+
+def vision_ms(family: ModelFamily, repeats: int) -> float:
     """One 224 px image's file decoded, processed and encoded, in ms: the fastest of
     `repeats` images (on the calling thread's torch threads; other work only adds)."""
-    family = load_family(model, LoadOptions(ModelPart.PROCESSOR | ModelPart.MEDIA_ENCODER))
     files = [noise_image(seed, 224, 224) for seed in range(repeats)]
     family.encode([MediaInput(decode_image(files[0]))])  # warm-up
 
@@ -140,15 +143,16 @@ def measure(model: str, prompt_tokens: int, batch_sizes: list[int], repeats: int
         runs = (engine_forward_seconds(family, model, token_ids, 0, flags) for _ in range(repeats))
         return min(runs) * 1000
 
+    vision = compute.call(load_vision, model)
     with one_torch_thread():  # and no thread governor to raise it (--torch-threads 1)
         prefill_one_thread = prefill_ms("--torch-threads", "1")
-        vision_one_thread = compute.call(vision_ms, model, repeats)
+        vision_one_thread = compute.call(vision_ms, vision, repeats)
     prefill = prefill_ms()
     steps = {c: tessera_step(family, model, c, prompt_tokens, repeats) * 1000 for c in batch_sizes}
     # generate() loads its model and runs on the compute thread too.
     generate = compute.call(lambda: token_costs(generate_timer(model, prompt_tokens), repeats))
     return PartCosts(
-        vision_ms=compute.call(vision_ms, model, repeats),
+        vision_ms=compute.call(vision_ms, vision, repeats),
         prefill_ms=prefill,
         generate_prefill_ms=generate.prefill_seconds * 1000,
         generate_token_ms=generate.token_seconds * 1000,
@@ -253,13 +257,14 @@ def main() -> None:
     burst = Burst(*args.burst) if args.burst else first_burst(FULL.cells, DEFAULT_IMAGE_SIDES)
     print(summary(costs, args.output_tokens, burst))
     measured = {cell: float(ratio) for cell, ratio in (m.split("=") for m in args.measured)}
-    print(table(ceilings(costs, args.output_tokens), measured))
+    bounds = ceilings(costs, args.output_tokens)
+    print(table(bounds, measured))
     if args.json:
         figures = {
             "costs": asdict(costs),
             "prompt_tokens": args.prompt_tokens,
             "output_tokens": args.output_tokens,
-            "ceilings": ceilings(costs, args.output_tokens),
+            "ceilings": bounds,
             "burst": asdict(burst),
             "burst_floor_ms": burst_floor_ms(costs, burst),
             "summary": summary(costs, args.output_tokens, burst),
