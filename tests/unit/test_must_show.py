@@ -83,6 +83,29 @@ def test_the_large_image_figure_is_judged_on_the_mutual_tls_deployment(results):
     assert cell.endswith(": met")
 
 
+@pytest.mark.parametrize(
+    ("generate_ms", "cell"),
+    [
+        # generate()'s 512 px median slower than its 1536 px one (cea1d58's run, AMD):
+        # a negative ratio once read as met.
+        (-7.0, "tessera +243 ms; tessera-mtls +168 ms against -7 ms: `generate()` measured"),
+        (0.0, "tessera +243 ms; tessera-mtls +168 ms against +0 ms: `generate()` measured"),
+    ],
+)
+def test_the_large_image_figure_without_an_overhead_of_generate_is_missed(
+    results, generate_ms, cell
+):
+    growth = json.loads(json.dumps(results["growth"]))
+    sides = {r["value"]: r["arms"]["hf-generate"] for r in growth if r["axis"] == "image side (px)"}
+    sides["1536"]["ttft_p50_ms"] = sides["512"]["ttft_p50_ms"] + generate_ms
+    text = _cell_of(
+        must_show.column({**results, "growth": growth}),
+        "1536 px TTFT overhead over 512 px, vs `generate()`'s",
+    )
+    assert text.startswith(cell)
+    assert text.endswith("no overhead: **missed**")
+
+
 def _with_bounds(results: dict, reuse80_c4: float, floor_ms: float) -> dict:
     """The run's results as if it had had a ceiling suite (benchmarks.ceiling)."""
     bounds = {"ceilings": {"reuse80-c4": reuse80_c4}, "burst_floor_ms": floor_ms}
