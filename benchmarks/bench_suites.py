@@ -183,20 +183,23 @@ class Suites:
         ]
 
     def growth_suite(self) -> None:
-        results = growth.measure(
-            self.runner,
-            [self.hf, self.tessera, *self.extra_arms],
-            self.scale.growth_repeats,
-            self.scale.growth_values,
-        )
+        arms = [self.hf, self.tessera, *self.extra_arms]
+        repeats = self.scale.growth_repeats
+        results = growth.measure(self.runner, arms, repeats, self.scale.growth_values)
         self.results["growth"] = [
             {"axis": s.axis, "value": s.value, **c.summary()} for s, c in results
         ]
+        sides = growth.large_image(self.runner, arms, repeats)
+        self.results["large_image"] = sides
+        small, large = growth.LARGE_IMAGE_SIDES
         self.md += [
             "## Cost growth (one request at a time, fresh images)\n",
             growth.table(
                 results, self.hf.name, self.tessera.name, [a.name for a in self.extra_arms]
             ),
+            "",
+            f"TTFT p50 of a {large} px image over a {small} px one, the two sides' requests "
+            f"alternating ({repeats} a side): {growth.large_image_text(sides)}.",
             "",
         ]
 

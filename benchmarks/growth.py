@@ -22,21 +22,30 @@ class Setting:
     spec: Spec
 
 
+# The engine-speed issue's large-image figure: a 1536 px image's TTFT over a 512 px one's.
+LARGE_IMAGE_SIDES = (512, 1536)
+
+
+def _spec(name: str, repeats: int, images: int, words: int, side: int, seed: int) -> Spec:
+    """`repeats` requests of `images` fresh images of `side` px and `words` words."""
+    return Spec(
+        name,
+        repeats,
+        images,
+        reuse=0.0,
+        text_words=(words, words),
+        output_tokens=(16, 16),
+        chunk_tokens=256,
+        seed=seed,
+        image_side=(side, side),
+    )
+
+
 def settings(repeats: int, values: dict[str, tuple[int, ...]], seed: int = 9000) -> list[Setting]:
     def spec(name: str, images: int, words: int, side: int) -> Spec:
         nonlocal seed
         seed += 1
-        return Spec(
-            name,
-            repeats,
-            images,
-            reuse=0.0,
-            text_words=(words, words),
-            output_tokens=(16, 16),
-            chunk_tokens=256,
-            seed=seed,
-            image_side=(side, side),
-        )
+        return _spec(name, repeats, images, words, side, seed)
 
     return [
         *(
@@ -69,6 +78,37 @@ def measure(
         )
         results.append((setting, cell))
     return results
+
+
+def large_image(
+    runner: CellRunner, arms: Sequence[HfGenerate | ServiceArm], repeats: int, seed: int = 9500
+) -> list[dict]:
+    """`repeats` requests a side of one fresh 512 px or 1536 px image, the two sides
+    alternating request by request (CellRunner.alternating): the growth table runs each
+    side in a window of its own, and on a shared host a slow window read generate()'s
+    512 px TTFT above its 1536 px one (cea1d58's run). One row per side, as the growth
+    rows: {"value": "512", "arms": {arm: figures}, ...}."""
+    specs = [
+        _spec(f"alternating-{side}", repeats, 1, 32, side, seed + index)
+        for index, side in enumerate(LARGE_IMAGE_SIDES)
+    ]
+    cells = runner.alternating(specs, list(arms))
+    return [
+        {"value": str(side), **cell.summary()}
+        for side, cell in zip(LARGE_IMAGE_SIDES, cells, strict=True)
+    ]
+
+
+def large_image_text(rows: list[dict]) -> str:
+    """One line: each arm's TTFT p50 at the larger side minus at the smaller.
+
+    Example: "generate() +51 ms; tessera +156 ms; tessera-mtls +106 ms"."""
+    small, large = ({**row["arms"]} for row in rows)
+    parts = []
+    for arm in large:
+        name = "generate()" if arm == "hf-generate" else arm
+        parts.append(f"{name} {large[arm]['ttft_p50_ms'] - small[arm]['ttft_p50_ms']:+.0f} ms")
+    return "; ".join(parts)
 
 
 def table(

@@ -69,9 +69,13 @@ class CellRunner:
             spec = replace(spec, clip_seconds=self.shape.clip_seconds)
         return spec if spec.image_side else replace(spec, image_side=self.shape.image_side)
 
-    def _start(self, arms: Sequence[Arm], requests: list[BenchRequest]):
+    @staticmethod
+    def _figures(arms: Sequence[Arm], requests: list[BenchRequest]) -> dict[str, ArmFigures]:
         unique = len({item for request in requests for item in request.items})
-        figures = {arm.name: ArmFigures(arm.name, num_unique_items=unique) for arm in arms}
+        return {arm.name: ArmFigures(arm.name, num_unique_items=unique) for arm in arms}
+
+    def _start(self, arms: Sequence[Arm], requests: list[BenchRequest]):
+        figures = self._figures(arms, requests)
         before: dict[str, ServiceCounters] = {}
         for arm in arms:
             if isinstance(arm, ServiceArm):
@@ -112,10 +116,6 @@ class CellRunner:
                     figures[arm.name].num_near_ties += 1
 
     def _finish(self, arms, figures, before, requests, spec, name, concurrency) -> CellResult:
-        for request in requests:  # the cell is checked: generate()'s logits are not needed
-            reference = self.references.outcomes.get(request.key)
-            if reference is not None:
-                reference.logits = []
         for arm in arms:
             if isinstance(arm, ServiceArm):
                 delta = arm.since(before[arm.name])
@@ -126,6 +126,13 @@ class CellRunner:
                 figure.peak_rss_mb = delta.peak_rss_mb
                 for role, seconds in delta.cpu_seconds.items():
                     figure.add_cpu(role, seconds)
+        return self._cell_result(figures, requests, spec, name, concurrency)
+
+    def _cell_result(self, figures, requests, spec, name, concurrency) -> CellResult:
+        for request in requests:  # the cell is checked: generate()'s logits are not needed
+            reference = self.references.outcomes.get(request.key)
+            if reference is not None:
+                reference.logits = []
         return CellResult(
             name=name,
             description=spec.describe(),
@@ -184,6 +191,32 @@ class CellRunner:
             self._check(name, arms, figures, group, outcomes, first, verify_every)
             first += len(group)
         return self._finish(arms, figures, before, requests, spec, name, concurrency)
+
+    def alternating(self, specs: Sequence[Spec], arms: Sequence[Arm]) -> list[CellResult]:
+        """The specs' requests one at a time, taking turns spec by spec and, within each,
+        arm by arm (rotated): A1 through every arm, B1, A2, B2, ... So a slow minute of a
+        shared host falls on every spec alike, and a difference between specs (the TTFT
+        of a 1536 px image over a 512 px one) is read from requests that ran side by
+        side, not from one spec's window against another's. Only what the clients see
+        is kept: the services' counters (forward time, CPU, peak memory) would cover
+        every spec at once, so they stay unset."""
+        specs = [self.with_default_side(spec) for spec in specs]
+        requests = [requests_for(spec) for spec in specs]
+        figures = [self._figures(arms, spec_requests) for spec_requests in requests]
+        progress = Progress(sum(map(len, requests)) * len(arms), "alternating")
+        for index in range(max(map(len, requests))):
+            for spec, spec_requests, spec_figures in zip(specs, requests, figures, strict=True):
+                if index >= len(spec_requests):
+                    continue
+                group, outcomes = spec_requests[index : index + 1], {}
+                for arm in _rotated(arms, index):
+                    outcomes[arm.name] = self._run_group(arm, group, 1, spec_figures)
+                    progress.advance()
+                self._check(spec.name, arms, spec_figures, group, outcomes, index, 1)
+        return [
+            self._cell_result(spec_figures, spec_requests, spec, spec.name, 1)
+            for spec, spec_requests, spec_figures in zip(specs, requests, figures, strict=True)
+        ]
 
     def open_loop(
         self, name: str, spec: Spec, arms: Sequence[ServiceArm], rate: float, segment: int

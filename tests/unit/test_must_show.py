@@ -106,6 +106,25 @@ def test_the_large_image_figure_without_an_overhead_of_generate_is_missed(
     assert text.endswith("no overhead: **missed**")
 
 
+def test_the_large_image_figure_reads_the_alternating_requests_where_the_run_has_them(results):
+    """Since the growth suite alternates the two sides' requests, their medians judge the
+    figure; the growth table's rows (each side in a window of its own) stay for older
+    runs."""
+
+    def side(value: str, ms: dict[str, float]) -> dict:
+        return {"value": value, "arms": {arm: {"ttft_p50_ms": t} for arm, t in ms.items()}}
+
+    alternating = [
+        side("512", {"hf-generate": 100.0, "tessera": 150.0, "tessera-mtls": 150.0}),
+        side("1536", {"hf-generate": 160.0, "tessera": 330.0, "tessera-mtls": 230.0}),
+    ]
+    text = _cell_of(
+        must_show.column({**results, "large_image": alternating}),
+        "1536 px TTFT overhead over 512 px, vs `generate()`'s",
+    )
+    assert text == ("tessera 3.00x: +180 ms; tessera-mtls 1.33x: +80 ms against +60 ms: met")
+
+
 def _with_bounds(results: dict, reuse80_c4: float, floor_ms: float) -> dict:
     """The run's results as if it had had a ceiling suite (benchmarks.ceiling)."""
     bounds = {"ceilings": {"reuse80-c4": reuse80_c4}, "burst_floor_ms": floor_ms}
