@@ -103,7 +103,7 @@ def large_image_text(rows: list[dict]) -> str:
     """One line: each arm's TTFT p50 at the larger side minus at the smaller.
 
     Example: "generate() +51 ms; tessera +156 ms; tessera-mtls +106 ms"."""
-    small, large = ({**row["arms"]} for row in rows)
+    small, large = (row["arms"] for row in rows)
     parts = []
     for arm in large:
         name = "generate()" if arm == "hf-generate" else arm
