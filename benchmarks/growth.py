@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from benchmarks.common import markdown_table
 from benchmarks.figures import CellResult, median
 from benchmarks.inprocess import HfGenerate
+from benchmarks.must_show import side_overheads
 from benchmarks.services import ServiceArm
 from benchmarks.suite import CellRunner
 from benchmarks.workloads import Spec
@@ -103,12 +104,9 @@ def large_image_text(rows: list[dict]) -> str:
     """One line: each arm's TTFT p50 at the larger side minus at the smaller.
 
     Example: "generate() +51 ms; tessera +156 ms; tessera-mtls +106 ms"."""
-    small, large = (row["arms"] for row in rows)
-    parts = []
-    for arm in large:
-        name = "generate()" if arm == "hf-generate" else arm
-        parts.append(f"{name} {large[arm]['ttft_p50_ms'] - small[arm]['ttft_p50_ms']:+.0f} ms")
-    return "; ".join(parts)
+    overheads = side_overheads(rows)
+    names = {"hf-generate": "generate()"}
+    return "; ".join(f"{names.get(arm, arm)} {ms:+.0f} ms" for arm, ms in overheads.items())
 
 
 def table(
