@@ -12,13 +12,13 @@ one's prompts in a prefix cache) and runs `generate()`, A and B over them, takin
 group by group in rotated order (`CellRunner.closed_loop`), every output checked against
 `generate()`'s. B exists when either `--b-*` flag is given (an empty string gives an A/A
 run: the noise floor); write flags as `--b-decoder-flags=--stream-interval=4`, so that
-they are not read as this command's own. Each round prints every deployment's throughput against
-`generate()`, its TTFT p50/p99 and its wait; the summary gives B over A per round, so a
-slow minute that falls on both cancels out:
+they are not read as this command's own. Each round prints every deployment's throughput
+against `generate()`, its TTFT p50/p99 and its wait; the last line gives B over A round by
+round, so that a slow minute falling on both cancels out:
 
-    round 0: A 1.52x, B 1.60x: B/A 1.05
-    round 1: A 1.48x, B 1.55x: B/A 1.05
-    -> B/A 1.05 in both rounds (min 1.05, max 1.05)
+    round 0: A 1.52x (TTFT p50 351 ms, p99 522 ms, wait 3.6%); B 1.58x (...)
+    round 1: A 1.55x (TTFT p50 354 ms, p99 515 ms, wait 2.5%); B 1.62x (...)
+    A 1.52-1.55x, B 1.58-1.62x; B/A 1.04, 1.05 (min 1.04, max 1.05)
 
 The deployments are the `tessera` arm of `make bench` (the same decoder flags, the
 services splitting the host's CPUs as `tessera serve` does), each with its own processes.
@@ -186,8 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         generate = HfGenerate(reference)
         shape = ModelShape(reference.placeholder_token_id, reference.row_bytes, DEFAULT_IMAGE_SIDES)
         runner = CellRunner(References(generate), shape)
-        warm = runner.with_default_side(Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1))
-        runner.closed_loop("warm-up", warm, [generate, *deployments], 2)
+        runner.warm_up([generate, *deployments])
         template, clients = CELLS[args.cell]
         rounds = run_rounds(
             runner,

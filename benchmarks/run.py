@@ -34,7 +34,6 @@ from benchmarks.options import BASELINE_SUITES, parse_args, run_bench, scale_of
 from benchmarks.scale import DEFAULT_IMAGE_SIDES, IMAGE_SIDES, Scale
 from benchmarks.services import add_deployment
 from benchmarks.suite import CellRunner, ModelShape, References
-from benchmarks.workloads import Spec
 from tessera.testbed.cluster import Cluster
 from tessera.testbed.devices import RunOn
 from tessera.testbed.redis_server import PrivateRedis
@@ -160,10 +159,7 @@ class Bench(Suites):
         )
         self.arms = [self.hf, self.reencode, self.whole, self.no_cache, self.tessera]
         self.arms = [arm for arm in self.arms if arm is not None]
-        warm = self.runner.with_default_side(
-            Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1)
-        )
-        self.runner.closed_loop("warm-up", warm, [*self.arms, *self.extra_arms], 2)
+        self.runner.warm_up([*self.arms, *self.extra_arms])
 
     def _start_fleet(self) -> None:
         self.redis = PrivateRedis(Path(tempfile.mkdtemp(prefix="tessera-bench-redis-")))

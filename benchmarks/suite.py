@@ -69,6 +69,12 @@ class CellRunner:
             spec = replace(spec, clip_seconds=self.shape.clip_seconds)
         return spec if spec.image_side else replace(spec, image_side=self.shape.image_side)
 
+    def warm_up(self, arms: Sequence[Arm]) -> None:
+        """Two small requests through every arm, unmeasured: models loaded, channels
+        open and caches touched before the first cell."""
+        spec = Spec("warm-up", 2, 1, 0.0, output_tokens=(4, 4), seed=1)
+        self.closed_loop("warm-up", spec, arms, 2)
+
     @staticmethod
     def _figures(arms: Sequence[Arm], requests: list[BenchRequest]) -> dict[str, ArmFigures]:
         unique = len({item for request in requests for item in request.items})
